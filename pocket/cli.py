@@ -1,0 +1,234 @@
+"""The `pocket` command: thin. Each command parses, calls one function, renders the result.
+
+Heavy imports live inside the commands so `pocket --help` stays instant and `pocket infer`
+on a device never loads the trainer. Exit codes: 0 ok, 1 a check failed, 2 usage, 3 bad input
+or environment (one `Error:` line; the traceback only with POCKET_DEBUG=1).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+
+import click
+
+from pocket import __version__
+
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 3
+
+
+def _debug() -> bool:
+    return os.environ.get("POCKET_DEBUG", "") not in ("", "0")
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn):
+    """Turn the errors a user can cause into one line and exit 3; keep bugs distinguishable."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from pocket.errors import PocketError
+
+        try:
+            return fn(*args, **kwargs)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
+        except PocketError as e:
+            if _debug():
+                raise
+            _fail(str(e), EXIT_BAD_INPUT)
+        except FileNotFoundError as e:
+            if _debug():
+                raise
+            _fail(f"{e.filename or e}: no such file; check the path", EXIT_BAD_INPUT)
+        except (PermissionError, IsADirectoryError, NotADirectoryError) as e:
+            if _debug():
+                raise
+            _fail(f"{e.filename or ''}: {e.strerror or e}", EXIT_BAD_INPUT)
+        except MemoryError:
+            if _debug():
+                raise
+            _fail("out of memory; try a smaller --batch-size or a --memory-budget", EXIT_BAD_INPUT)
+        except Exception as e:  # noqa: BLE001 - a bug: say so in one line, trace only on request
+            if _debug():
+                raise
+            _fail(f"unexpected {type(e).__name__}: {e} (this is a bug in pocket; rerun with "
+                  "POCKET_DEBUG=1 for the traceback and report it)", EXIT_CHECK_FAILED)
+
+    return wrapper
+
+
+def emit(result: dict, as_json: bool, render) -> None:
+    """--json prints exactly one JSON object on stdout; otherwise the rendered text."""
+    if as_json:
+        click.echo(json.dumps(result, indent=None, default=_json_default))
+    else:
+        click.echo(render(result))
+
+
+def _json_default(o):
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="pocket")
+def main() -> None:
+    """pocket: train a real network on a small GPU or a CPU, ship it int8 to a small device.
+
+    \b
+      pocket train examples/digits_cnn.toml        -> runs/digits_cnn/best.ckpt
+      pocket export runs/digits_cnn/best.ckpt --int8 -> model.int8.bin
+      pocket infer model.int8.bin digit.png         -> 7 (0.98)
+      pocket compare best.ckpt --bin model.int8.bin --onnx model.int8.onnx
+
+    Set POCKET_DEBUG=1 to see tracebacks.
+    """
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--data", "data", metavar="SRC",
+              help="Dataset: digits, mnist[:PATH], cifar10[:PATH], csv:PATH, npz:PATH, folder:PATH.")
+@click.option("--epochs", type=click.IntRange(min=1), help="Number of epochs.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Samples per optimizer step.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak learning rate.")
+@click.option("--device", metavar="auto|cpu|cuda[:N]", help="Where to train (default auto).")
+@click.option("--memory-budget", metavar="SIZE",
+              help="Plan micro-batch, accumulation, checkpointing and precision to fit, e.g. 4GiB.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]),
+              help="Compute precision (fp16/bf16 keep fp32 master weights).")
+@click.option("--out", "out", type=click.Path(file_okay=False), metavar="RUN_DIR",
+              help="Run folder for checkpoints and metrics (default runs/<config name>).")
+@click.option("--resume", type=click.Path(dir_okay=False), metavar="CKPT",
+              help="Continue a run exactly where this checkpoint stopped.")
+@click.option("--seed", type=int, help="Random seed (weights, shuffling, dropout).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object; progress to stderr.")
+@handle_errors
+def train(config, as_json, **flags):
+    """Train the model described by CONFIG (TOML); flags override the file.
+
+    Writes RUN_DIR/best.ckpt, RUN_DIR/last.ckpt and RUN_DIR/metrics.jsonl, then prints the
+    final metrics and the memory report by category.
+    """
+    from pocket.train.run import render, train_from_config
+
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    result = train_from_config(config, overrides, quiet=as_json)
+    emit(result, as_json, render)
+
+
+@main.command()
+@click.argument("ckpt", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Output file (default next to the checkpoint: model[.int8].bin|onnx).")
+@click.option("--format", "fmt", type=click.Choice(["bin", "onnx"]), default="bin",
+              show_default=True, help="pocket container for the edge engine, or ONNX.")
+@click.option("--int8", is_flag=True, help="Quantize weights (per channel) and activations to int8.")
+@click.option("--calib-samples", type=click.IntRange(min=1), metavar="N",
+              help="Calibration samples for int8 activation scales (from the checkpoint).")
+@click.option("--calib", "calib_path", type=click.Path(dir_okay=False), metavar="X.npz",
+              help="Calibrate on array `x` of this .npz instead of the checkpoint's samples.")
+@click.option("--json", "as_json", is_flag=True, help="Print the export report as one JSON object.")
+@handle_errors
+def export(ckpt, output, fmt, int8, calib_samples, calib_path, as_json):
+    """Turn a training checkpoint into a deployable model (.bin or .onnx)."""
+    from pocket.export.app import export as run_export
+    from pocket.export.app import render
+
+    report = run_export(ckpt, output, fmt=fmt, int8=int8, calib_samples=calib_samples,
+                        calib_path=calib_path)
+    emit(report, as_json, render)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("inputs", nargs=-1)
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Largest batch the engine plans its memory for.")
+@click.option("--top-k", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Classes to show per input.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="OUT.npy",
+              help="Also save the raw outputs as .npy.")
+@click.option("--bench", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Time N runs and report the median latency.")
+@click.option("--warmup", is_flag=True,
+              help="Compile every kernel now (into NUMBA_CACHE_DIR) so later starts are fast.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@handle_errors
+def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, as_json):
+    """Run MODEL (.bin) on INPUT files: .npy/.npz arrays, images or folders of them, CSV rows."""
+    from pocket.infer.app import infer as run_infer
+    from pocket.infer.app import render
+
+    if not inputs and not warmup and not bench:
+        raise click.UsageError("give at least one INPUT (or --warmup / --bench)")
+    result = run_infer(model, list(inputs), threads=threads, batch_size=batch_size, top_k=top_k,
+                       output=output, bench=bench, warmup=warmup)
+    emit(result, as_json, render)
+
+
+@main.command()
+@click.argument("ckpt", type=click.Path(dir_okay=False))
+@click.option("--bin", "bin_path", type=click.Path(dir_okay=False), metavar="MODEL.bin",
+              help="A .bin export to check with the edge engine.")
+@click.option("--onnx", "onnx_path", type=click.Path(dir_okay=False), metavar="MODEL.onnx",
+              help="An ONNX export to check with onnxruntime.")
+@click.option("--data", "data", metavar="SRC", help="Labelled dataset (its test split).")
+@click.option("--inputs", "inputs_path", type=click.Path(dir_okay=False), metavar="X.npy",
+              help="Model-ready inputs.")
+@click.option("--random", "random_n", type=click.IntRange(min=1), metavar="N",
+              help="N random inputs of the model's shape.")
+@click.option("--limit", type=click.IntRange(min=1), help="Use at most this many samples.")
+@click.option("--atol", type=float, help="Gate: max abs error (default by precision).")
+@click.option("--rtol", type=float, help="Gate: max error relative to the output range.")
+@click.option("--min-agreement", type=click.FloatRange(0, 1), help="Gate: top-1 agreement.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@handle_errors
+def compare(ckpt, bin_path, onnx_path, data, inputs_path, random_n, limit, atol, rtol,
+            min_agreement, as_json):
+    """Prove the exports compute what the training model computes; exit 1 when a gate fails."""
+    from pocket.compare import compare as run_compare
+    from pocket.compare import render
+
+    if not bin_path and not onnx_path:
+        raise click.UsageError("give --bin and/or --onnx to compare against the checkpoint")
+    if sum(x is not None for x in (data, inputs_path, random_n)) > 1:
+        raise click.UsageError("choose one of --data, --inputs, --random")
+    result = run_compare(ckpt, bin_path=bin_path, onnx_path=onnx_path, data=data,
+                         inputs_path=inputs_path, random_n=random_n, limit=limit, atol=atol,
+                         rtol=rtol, min_agreement=min_agreement)
+    emit(result, as_json, render)
+    if not result["passed"]:
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@handle_errors
+def inspect(file, as_json):
+    """Show a .bin or .ckpt: header, graph, tensors, metadata. Checks every byte."""
+    from pocket.formats.describe import describe, render
+
+    emit(describe(file), as_json, render)
+
+
+if __name__ == "__main__":
+    main()
