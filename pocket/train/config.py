@@ -27,8 +27,7 @@ class ConfigError(PocketError):
 
 # Section -> key -> default. None means "no default; optional".
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "run": {"name": None, "seed": 0, "out": None, "device": "auto", "plots": False,
-            "checkpoint_every": 0, "calib_samples": 256},
+    "run": {"name": None, "seed": 0, "out": None, "device": "auto", "calib_samples": 256},
     "data": {"source": "digits", "target": None, "task": None, "val_fraction": 0.1,
              "test_fraction": 0.2, "augment": [], "limit": None, "image_size": None,
              "cache_dir": None, "prefetch": 2},

@@ -1,0 +1,286 @@
+"""conv2d, maxpool2d, avgpool2d: forward and backward side by side.
+
+Convolution is im2col + one GEMM per batch chunk (grouped convs batch the GEMM over groups).
+The chunk bounds the im2col workspace (`CONV_WORKSPACE_BYTES`), which on the GPU is what keeps
+a big batch from allocating a huge column buffer. The forward saves only x and w and rebuilds
+the columns in the backward: x is kh*kw times smaller than its columns.
+CPU loops are Numba kernels (`kernels_cpu`); the GPU path uses strided slicing per kernel tap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pocket.train import backend
+from pocket.train.tensor import Tensor, as_tensor, primitive
+
+CONV_WORKSPACE_BYTES = {"cpu": 48 << 20, "cuda": 256 << 20}
+
+
+def _pair2(v) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int | np.integer) else (int(v[0]), int(v[1]))
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _chunks(n: int, bytes_per_item: int, device: str):
+    step = max(1, min(n, CONV_WORKSPACE_BYTES[device] // max(bytes_per_item, 1)))
+    for n0 in range(0, n, step):
+        yield n0, min(n, n0 + step)
+
+
+def _im2col(x, k, s, p, d, ho, wo):
+    # x (n, C, H, W) -> col (n*Ho*Wo, C*kh*kw)
+    xp = backend.get_array_module(x)
+    n, c = x.shape[:2]
+    col = xp.empty((n, ho, wo, c, k[0], k[1]), x.dtype)
+    if xp is np:
+        from pocket.train import kernels_cpu
+
+        kernels_cpu.im2col(np.ascontiguousarray(x), *k, *s, *p, *d, col)
+    else:
+        xpad = xp.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+        for i in range(k[0]):
+            for j in range(k[1]):
+                h0, w0 = i * d[0], j * d[1]
+                tap = xpad[:, :, h0:h0 + s[0] * (ho - 1) + 1:s[0], w0:w0 + s[1] * (wo - 1) + 1:s[1]]
+                col[:, :, :, :, i, j] = tap.transpose(0, 2, 3, 1)
+    return col.reshape(n * ho * wo, -1)
+
+
+def _col2im(col, shape, k, s, p, d, ho, wo):
+    # col (n*Ho*Wo, C*kh*kw) -> gx (n, C, H, W)
+    xp = backend.get_array_module(col)
+    n, c, h, w = shape
+    col = col.reshape(n, ho, wo, c, k[0], k[1])
+    if xp is np:
+        from pocket.train import kernels_cpu
+
+        gx = np.empty(shape, col.dtype)
+        kernels_cpu.col2im(col, *k, *s, *p, *d, gx)
+        return gx
+    gpad = xp.zeros((n, c, h + 2 * p[0], w + 2 * p[1]), col.dtype)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            h0, w0 = i * d[0], j * d[1]
+            gpad[:, :, h0:h0 + s[0] * (ho - 1) + 1:s[0], w0:w0 + s[1] * (wo - 1) + 1:s[1]] += (
+                col[:, :, :, :, i, j].transpose(0, 3, 1, 2))
+    return gpad[:, :, p[0]:p[0] + h, p[1]:p[1] + w]
+
+
+def _grouped_mm(a, b, groups: int, trans_b: bool):
+    # a (M, g*K), b (g, K', K) or (g, K, K') -> (M, g*K'): per group a_g @ b_g(.T)
+    xp = backend.get_array_module(a)
+    m = a.shape[0]
+    if groups == 1:
+        return a @ (b[0].T if trans_b else b[0])
+    ag = a.reshape(m, groups, -1).transpose(1, 0, 2)  # (g, M, K)
+    out = xp.matmul(ag, b.transpose(0, 2, 1) if trans_b else b)  # (g, M, K')
+    return out.transpose(1, 0, 2).reshape(m, -1)
+
+
+def _conv2d_fwd(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
+    # x (N, C, H, W), w (O, C/g, kh, kw), b (O,) -> out (N, O, Ho, Wo)
+    xp = backend.get_array_module(x)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    k = (kh, kw)
+    ho = _out_size(h, kh, stride[0], padding[0], dilation[0])
+    wo = _out_size(wd, kw, stride[1], padding[1], dilation[1])
+    if cg * groups != c or o % groups or ho < 1 or wo < 1:
+        raise ValueError(f"conv2d: input {x.shape} does not fit weight {w.shape} "
+                         f"with groups={groups}, stride={stride}, padding={padding}")
+    wg = w.reshape(groups, o // groups, -1)  # (g, O/g, C/g*kh*kw)
+    out = xp.empty((n, o, ho, wo), x.dtype)
+    dev = "cpu" if xp is np else "cuda"
+    for n0, n1 in _chunks(n, ho * wo * c * kh * kw * x.itemsize, dev):
+        col = _im2col(x[n0:n1], k, stride, padding, dilation, ho, wo)
+        y = _grouped_mm(col, wg, groups, trans_b=True)  # (m, O)
+        if b is not None:
+            y += b
+        out[n0:n1] = y.reshape(n1 - n0, ho, wo, o).transpose(0, 3, 1, 2)
+    ctx.save(x if ctx.needs[1] else None, w if ctx.needs[0] else None)
+    ctx.attrs.update(x_shape=x.shape, w_shape=w.shape, k=k, s=stride, p=padding, d=dilation,
+                     g=groups, ho=ho, wo=wo, dtype=x.dtype)
+    return out
+
+
+def _conv2d_bwd(ctx, gy):
+    x, w = ctx.saved
+    at = ctx.attrs
+    xp = backend.get_array_module(gy)
+    n, c, h, wd = at["x_shape"]
+    o = at["w_shape"][0]
+    g, k, s, p, d, ho, wo = at["g"], at["k"], at["s"], at["p"], at["d"], at["ho"], at["wo"]
+    need_x, need_w = ctx.needs[0], ctx.needs[1]
+    gw = xp.zeros((g, o // g, c // g * k[0] * k[1]), at["dtype"]) if need_w else None
+    gx = xp.empty(at["x_shape"], at["dtype"]) if need_x else None
+    wg = w.reshape(g, o // g, -1) if need_x else None
+    dev = "cpu" if xp is np else "cuda"
+    for n0, n1 in _chunks(n, ho * wo * c * k[0] * k[1] * gy.itemsize, dev):
+        m = (n1 - n0) * ho * wo
+        gy_c = gy[n0:n1].transpose(0, 2, 3, 1).reshape(m, o)  # (m, O)
+        if need_w:
+            col = _im2col(x[n0:n1], k, s, p, d, ho, wo)  # (m, C*kh*kw)
+            if g == 1:
+                gw[0] += gy_c.T @ col
+            else:
+                gyg = gy_c.reshape(m, g, -1).transpose(1, 2, 0)  # (g, O/g, m)
+                gw += xp.matmul(gyg, col.reshape(m, g, -1).transpose(1, 0, 2))
+            del col
+        if need_x:
+            gcol = _grouped_mm(gy_c, wg, g, trans_b=False)  # (m, C*kh*kw)
+            gx[n0:n1] = _col2im(gcol, (n1 - n0, c, h, wd), k, s, p, d, ho, wo)
+    gb = gy.sum(axis=(0, 2, 3)) if len(ctx.needs) > 2 and ctx.needs[2] else None
+    return gx, gw.reshape(at["w_shape"]) if need_w else None, gb
+
+
+_conv2d = primitive("conv2d", _conv2d_fwd, _conv2d_bwd)
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+    """2-D cross-correlation, NCHW input and OIHW weight, as torch.nn.functional.conv2d."""
+    x = as_tensor(x)
+    if x.ndim != 4:
+        raise ValueError(f"conv2d wants x (N, C, H, W), got shape {x.shape}")
+    kw = dict(stride=_pair2(stride), padding=_pair2(padding), dilation=_pair2(dilation),
+              groups=int(groups))
+    return _conv2d(x, weight, **kw) if bias is None else _conv2d(x, weight, bias, **kw)
+
+
+def _pool_geometry(x, k, s, p, d):
+    n, c, h, w = x.shape
+    if p[0] * 2 > k[0] or p[1] * 2 > k[1]:
+        raise ValueError(f"pool padding {p} must be at most half the kernel {k}")
+    return (n, c, _out_size(h, k[0], s[0], p[0], d[0]), _out_size(w, k[1], s[1], p[1], d[1]))
+
+
+def _maxpool_fwd(ctx, x, k=(2, 2), s=(2, 2), p=(0, 0), d=(1, 1)):
+    # x (N, C, H, W) -> out (N, C, Ho, Wo); saves the argmax (int32), not x
+    xp = backend.get_array_module(x)
+    shape = _pool_geometry(x, k, s, p, d)
+    if xp is np:
+        from pocket.train import kernels_cpu
+
+        out = np.empty(shape, x.dtype)
+        arg = np.empty(shape, np.int32)
+        xc = np.ascontiguousarray(x)
+        if p == (0, 0) and d == (1, 1):
+            kernels_cpu.maxpool2d_forward_valid(xc, *k, *s, out, arg)
+        else:
+            kernels_cpu.maxpool2d_forward(xc, *k, *s, *p, *d, out, arg)
+    else:
+        out, arg = _maxpool_taps(x, shape, k, s, p, d)
+    ctx.save(arg)
+    ctx.attrs.update(x_shape=x.shape, dtype=x.dtype, k=k, s=s, p=p, d=d)
+    return out
+
+
+def _maxpool_taps(x, shape, k, s, p, d):
+    # GPU path: arg is the winning tap index i*kw+j, compared tap by tap
+    xp = backend.get_array_module(x)
+    ho, wo = shape[2:]
+    xpad = xp.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])), constant_values=-xp.inf)
+    out = xp.full(shape, -xp.inf, x.dtype)
+    arg = xp.zeros(shape, np.int32)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            h0, w0 = i * d[0], j * d[1]
+            tap = xpad[:, :, h0:h0 + s[0] * (ho - 1) + 1:s[0], w0:w0 + s[1] * (wo - 1) + 1:s[1]]
+            better = tap > out
+            out = xp.where(better, tap, out)
+            arg = xp.where(better, i * k[1] + j, arg)
+    return out, arg
+
+
+def _maxpool_bwd(ctx, gy):
+    (arg,) = ctx.saved
+    at = ctx.attrs
+    xp = backend.get_array_module(gy)
+    if xp is np:
+        from pocket.train import kernels_cpu
+
+        gx = np.empty(at["x_shape"], at["dtype"])
+        kernels_cpu.maxpool2d_backward(np.ascontiguousarray(gy), arg, gx)
+        return (gx,)
+    k, s, p, d = at["k"], at["s"], at["p"], at["d"]
+    n, c, h, w = at["x_shape"]
+    ho, wo = gy.shape[2:]
+    gpad = xp.zeros((n, c, h + 2 * p[0], w + 2 * p[1]), gy.dtype)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            h0, w0 = i * d[0], j * d[1]
+            gpad[:, :, h0:h0 + s[0] * (ho - 1) + 1:s[0], w0:w0 + s[1] * (wo - 1) + 1:s[1]] += (
+                gy * (arg == i * k[1] + j))
+    return (gpad[:, :, p[0]:p[0] + h, p[1]:p[1] + w],)
+
+
+def _avgpool_fwd(ctx, x, k=(2, 2), s=(2, 2), p=(0, 0), include_pad=True):
+    # x (N, C, H, W) -> out (N, C, Ho, Wo); saves nothing
+    xp = backend.get_array_module(x)
+    shape = _pool_geometry(x, k, s, p, (1, 1))
+    ctx.attrs.update(x_shape=x.shape, dtype=x.dtype, k=k, s=s, p=p, include_pad=include_pad)
+    if xp is np:
+        from pocket.train import kernels_cpu
+
+        out = np.empty(shape, x.dtype)
+        kernels_cpu.avgpool2d_forward(np.ascontiguousarray(x), *k, *s, *p, include_pad, out)
+        return out
+    return _avgpool_taps(x, shape, k, s, p, include_pad)
+
+
+def _avgpool_divisor(xp, shape, hw, k, s, p, include_pad, dtype):
+    if include_pad:
+        return k[0] * k[1]
+    ones = xp.ones((1, 1) + hw, dtype)
+    return _avgpool_taps(ones, (1, 1) + shape[2:], k, s, p, True) * (k[0] * k[1])
+
+
+def _avgpool_taps(x, shape, k, s, p, include_pad):
+    # GPU path: sum of strided taps over the zero-padded input
+    xp = backend.get_array_module(x)
+    ho, wo = shape[2:]
+    xpad = xp.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    out = xp.zeros(shape, x.dtype)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            out += xpad[:, :, i:i + s[0] * (ho - 1) + 1:s[0], j:j + s[1] * (wo - 1) + 1:s[1]]
+    return out / _avgpool_divisor(xp, shape, x.shape[2:], k, s, p, include_pad, x.dtype)
+
+
+def _avgpool_bwd(ctx, gy):
+    at = ctx.attrs
+    k, s, p, inc = at["k"], at["s"], at["p"], at["include_pad"]
+    xp = backend.get_array_module(gy)
+    if xp is np:
+        from pocket.train import kernels_cpu
+
+        gx = np.empty(at["x_shape"], at["dtype"])
+        kernels_cpu.avgpool2d_backward(np.ascontiguousarray(gy), *k, *s, *p, inc, gx)
+        return (gx,)
+    n, c, h, w = at["x_shape"]
+    ho, wo = gy.shape[2:]
+    g = gy / _avgpool_divisor(xp, gy.shape, (h, w), k, s, p, inc, gy.dtype)
+    gpad = xp.zeros((n, c, h + 2 * p[0], w + 2 * p[1]), gy.dtype)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            gpad[:, :, i:i + s[0] * (ho - 1) + 1:s[0], j:j + s[1] * (wo - 1) + 1:s[1]] += g
+    return (gpad[:, :, p[0]:p[0] + h, p[1]:p[1] + w],)
+
+
+_maxpool2d = primitive("maxpool2d", _maxpool_fwd, _maxpool_bwd)
+_avgpool2d = primitive("avgpool2d", _avgpool_fwd, _avgpool_bwd)
+
+
+def maxpool2d(x, kernel_size, stride=None, padding=0, dilation=1) -> Tensor:
+    k = _pair2(kernel_size)
+    s = k if stride is None else _pair2(stride)
+    return _maxpool2d(as_tensor(x), k=k, s=s, p=_pair2(padding), d=_pair2(dilation))
+
+
+def avgpool2d(x, kernel_size, stride=None, padding=0, count_include_pad: bool = True) -> Tensor:
+    k = _pair2(kernel_size)
+    s = k if stride is None else _pair2(stride)
+    return _avgpool2d(as_tensor(x), k=k, s=s, p=_pair2(padding), include_pad=count_include_pad)

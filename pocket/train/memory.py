@@ -1,0 +1,91 @@
+"""Live and peak bytes by category: parameters, gradients, optimizer_state, activations,
+temporaries.
+
+Owners call `alloc(category, key, nbytes)` when an array starts to count and `free(category,
+key)` when it stops: Parameters on creation and collection, gradients when `.grad` is set or
+cleared, optimizers for their state, and autograd nodes for the arrays they save for backward
+(deduplicated by identity, so an array saved by two nodes counts once).
+"""
+
+from __future__ import annotations
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+
+
+class MemoryTracker:
+    def __init__(self) -> None:
+        self._entries: dict[str, dict] = {c: {} for c in CATEGORIES}  # key -> [nbytes, refs]
+        self.live = dict.fromkeys(CATEGORIES, 0)
+        self.peak = dict.fromkeys(CATEGORIES, 0)
+        self.total_live = 0
+        self.total_peak = 0
+
+    def alloc(self, category: str, key, nbytes: int) -> None:
+        entries = self._entries[category]
+        entry = entries.get(key)
+        if entry is not None:
+            entry[1] += 1
+            return
+        entries[key] = [int(nbytes), 1]
+        self.live[category] += int(nbytes)
+        self.total_live += int(nbytes)
+        if self.live[category] > self.peak[category]:
+            self.peak[category] = self.live[category]
+        if self.total_live > self.total_peak:
+            self.total_peak = self.total_live
+
+    def free(self, category: str, key) -> None:
+        entries = self._entries[category]
+        entry = entries.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del entries[key]
+            self.live[category] -= entry[0]
+            self.total_live -= entry[0]
+
+    def count(self, category: str) -> int:
+        return len(self._entries[category])
+
+    def reset_peak(self) -> None:
+        self.peak = dict(self.live)
+        self.total_peak = self.total_live
+
+    def report(self) -> dict:
+        """{category: {"live": bytes, "peak": bytes}, ..., "total": {...}, "table": str}."""
+        out: dict = {c: {"live": self.live[c], "peak": self.peak[c]} for c in CATEGORIES}
+        out["total"] = {"live": self.total_live, "peak": self.total_peak}
+        out["table"] = self.table()
+        return out
+
+    def table(self) -> str:
+        rows = [f"{'category':<16} {'live':>12} {'peak':>12}"]
+        for c in CATEGORIES:
+            live, peak = format_bytes(self.live[c]), format_bytes(self.peak[c])
+            rows.append(f"{c:<16} {live:>12} {peak:>12}")
+        rows.append(
+            f"{'total':<16} {format_bytes(self.total_live):>12} {format_bytes(self.total_peak):>12}"
+        )
+        return "\n".join(rows)
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+_tracker = [MemoryTracker()]
+
+
+def get_tracker() -> MemoryTracker:
+    return _tracker[0]
+
+
+def reset_tracker() -> MemoryTracker:
+    """Start a fresh tracker (keys registered with the old one are forgotten)."""
+    _tracker[0] = MemoryTracker()
+    return _tracker[0]

@@ -1,0 +1,227 @@
+"""The model zoo by name, and the declarative layer list of a config's [model] section.
+
+Every model is a `Sequential` of traceable layers (plus `ResidualBlock`), so the tracer can
+turn it into the graph IR without running Python it does not understand.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import numpy as np
+
+from pocket.errors import PocketError
+from pocket.train import nn
+
+
+class ModelError(PocketError):
+    """The [model] section names an unknown model or layer, or shapes do not fit."""
+
+
+def _conv_bn_relu(c_in: int, c_out: int, bn: bool, rng) -> list[nn.Module]:
+    layers: list[nn.Module] = [nn.Conv2d(c_in, c_out, 3, padding=1, bias=not bn, rng=rng)]
+    if bn:
+        layers.append(nn.BatchNorm2d(c_out))
+    layers.append(nn.ReLU())
+    return layers
+
+
+def mlp(input_shape, num_outputs, *, hidden=None, dropout=0.0, rng=None, **_) -> nn.Sequential:
+    """Fully connected: flatten, hidden ReLU layers (default 256, 128), linear head."""
+    hidden = hidden or [256, 128]
+    layers: list[nn.Module] = [nn.Flatten()] if len(input_shape) > 1 else []
+    width = int(np.prod(input_shape))
+    for h in hidden:
+        layers += [nn.Linear(width, h, rng=rng), nn.ReLU()]
+        if dropout:
+            layers.append(nn.Dropout(dropout))
+        width = h
+    layers.append(nn.Linear(width, num_outputs, rng=rng))
+    return nn.Sequential(*layers)
+
+
+def mlp_regressor(input_shape, num_outputs, *, hidden=None, dropout=0.0, rng=None, **_):
+    """An MLP for tabular regression (default hidden 64, 64)."""
+    return mlp(input_shape, num_outputs, hidden=hidden or [64, 64], dropout=dropout, rng=rng)
+
+
+def cnn(input_shape, num_outputs, *, channels=None, hidden=None, dropout=0.0, batchnorm=True,
+        rng=None, **_) -> nn.Sequential:
+    """A small CNN for 8x8 to 32x32 images: [conv-BN-ReLU x2, maxpool] per stage, then a
+    hidden linear layer. Default channels (32, 64): two stages."""
+    c_in, h, w = input_shape
+    channels = channels or [32, 64]
+    layers: list[nn.Module] = []
+    for c in channels:
+        layers += _conv_bn_relu(c_in, c, batchnorm, rng) + _conv_bn_relu(c, c, batchnorm, rng)
+        layers.append(nn.MaxPool2d(2))
+        c_in, h, w = c, h // 2, w // 2
+        if h < 1 or w < 1:
+            raise ModelError(f"cnn: {len(channels)} pooling stages are too many for a "
+                             f"{input_shape[1]}x{input_shape[2]} input; give fewer channels")
+    layers.append(nn.Flatten())
+    width = c_in * h * w
+    for units in hidden or [128]:
+        layers += [nn.Linear(width, units, rng=rng), nn.ReLU()]
+        if dropout:
+            layers.append(nn.Dropout(dropout))
+        width = units
+    layers.append(nn.Linear(width, num_outputs, rng=rng))
+    return nn.Sequential(*layers)
+
+
+def vgg(input_shape, num_outputs, *, channels=None, batchnorm=True, dropout=0.0, rng=None, **_):
+    """VGG-style for 32x32 (the cnn_cifar reference model): 8 conv3x3-BN-ReLU layers,
+    channels 64,64,128,128,256,256,256,256, maxpool after layers 2, 4, 6, global average
+    pool, linear head. Simonyan & Zisserman, 2015."""
+    channels = channels or [64, 64, 128, 128, 256, 256, 256, 256]
+    c_in = input_shape[0]
+    layers: list[nn.Module] = []
+    for i, c in enumerate(channels):
+        layers += _conv_bn_relu(c_in, c, batchnorm, rng)
+        if i in (1, 3, 5):
+            layers.append(nn.MaxPool2d(2))
+        c_in = c
+    layers += [nn.GlobalAvgPool2d(), nn.Flatten()]
+    if dropout:
+        layers.append(nn.Dropout(dropout))
+    layers.append(nn.Linear(c_in, num_outputs, rng=rng))
+    return nn.Sequential(*layers)
+
+
+def resnet(input_shape, num_outputs, *, channels=None, width=None, rng=None, **_):
+    """ResNet-style for 32x32 (He et al., 2016, the CIFAR variant): a conv3x3 stem, three
+    stages of `width` residual blocks (default 1) at channels 16, 32, 64 with stride 2 between
+    stages, global average pool, linear head."""
+    channels = channels or [16, 32, 64]
+    blocks = width or 1
+    layers: list[nn.Module] = _conv_bn_relu(input_shape[0], channels[0], True, rng)
+    c_in = channels[0]
+    for s, c in enumerate(channels):
+        for b in range(blocks):
+            stride = 2 if (s > 0 and b == 0) else 1
+            layers.append(nn.ResidualBlock(c_in, c, stride, rng=rng))
+            c_in = c
+    layers += [nn.GlobalAvgPool2d(), nn.Flatten(), nn.Linear(c_in, num_outputs, rng=rng)]
+    return nn.Sequential(*layers)
+
+
+ZOO = {"mlp": mlp, "mlp_regressor": mlp_regressor, "cnn": cnn, "vgg": vgg, "resnet": resnet}
+
+
+# --------------------------------------------------------------------------- layer lists
+
+_ACTS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+_LAYER_KEYS = {
+    "linear": {"out", "bias"},
+    "conv2d": {"out", "kernel", "stride", "padding", "dilation", "groups", "bias"},
+    "batchnorm": {"eps", "momentum"},
+    "maxpool2d": {"kernel", "stride", "padding"},
+    "avgpool2d": {"kernel", "stride", "padding", "count_include_pad"},
+    "global_avgpool": set(), "flatten": set(), "dropout": {"p"}, "softmax": {"axis"},
+    "relu": set(), "sigmoid": set(), "tanh": set(), "leaky_relu": {"alpha"},
+    "gelu": {"approximate"}, "residual": {"out", "stride"},
+}
+
+
+def _out_hw(size: int, k: int, s: int, p: int, d: int = 1) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def from_layers(input_shape, num_outputs, layers: list[dict], rng=None) -> nn.Sequential:
+    """Build a Sequential from a list of {type = "...", ...} tables; shapes are tracked so
+    `in` sizes never need writing. The last linear may omit `out`: it becomes the head."""
+    shape = tuple(input_shape)
+    mods: list[nn.Module] = []
+    for i, spec in enumerate(layers):
+        where = f"[model] layers[{i}]"
+        if not isinstance(spec, dict) or "type" not in spec:
+            raise ModelError(f"{where}: each layer is a table with a 'type'")
+        kind = spec["type"]
+        if kind not in _LAYER_KEYS:
+            close = difflib.get_close_matches(str(kind), _LAYER_KEYS, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(_LAYER_KEYS)}"
+            raise ModelError(f"{where}: unknown layer type {kind!r}{hint}")
+        extra = set(spec) - _LAYER_KEYS[kind] - {"type"}
+        if extra:
+            raise ModelError(f"{where} ({kind}): unknown key(s) {', '.join(sorted(extra))}; "
+                             f"it takes {', '.join(sorted(_LAYER_KEYS[kind])) or 'none'}")
+        try:
+            m, shape = _layer(kind, spec, shape, num_outputs, i == len(layers) - 1, rng)
+        except (TypeError, ValueError, IndexError) as e:
+            raise ModelError(f"{where} ({kind}): {e} (input shape {list(shape)})") from None
+        mods.append(m)
+    return nn.Sequential(*mods)
+
+
+def _layer(kind, spec, shape, num_outputs, last, rng):
+    if kind == "linear":
+        if len(shape) != 1:
+            raise ValueError("linear needs a flat input; add {type = \"flatten\"} before it")
+        out = spec.get("out", num_outputs if last else None)
+        if out is None:
+            raise ValueError("give 'out' (only the last linear may omit it)")
+        return nn.Linear(shape[0], out, bias=spec.get("bias", True), rng=rng), (out,)
+    if kind in ("conv2d", "residual"):
+        if len(shape) != 3:
+            raise ValueError(f"{kind} needs (C, H, W) input")
+        c, h, w = shape
+        if kind == "residual":
+            s = spec.get("stride", 1)
+            return (nn.ResidualBlock(c, spec["out"], s, rng=rng),
+                    (spec["out"], _out_hw(h, 3, s, 1), _out_hw(w, 3, s, 1)))
+        k, s = spec.get("kernel", 3), spec.get("stride", 1)
+        p, d = spec.get("padding", 0), spec.get("dilation", 1)
+        m = nn.Conv2d(c, spec["out"], k, s, p, d, spec.get("groups", 1), spec.get("bias", True),
+                      rng=rng)
+        ho = _out_hw(h, m.kernel_size[0], m.stride[0], m.padding[0], m.dilation[0])
+        wo = _out_hw(w, m.kernel_size[1], m.stride[1], m.padding[1], m.dilation[1])
+        if ho < 1 or wo < 1:
+            raise ValueError("the output would be empty")
+        return m, (spec["out"], ho, wo)
+    if kind == "batchnorm":
+        cls = nn.BatchNorm2d if len(shape) == 3 else nn.BatchNorm1d
+        return cls(shape[0], spec.get("eps", 1e-5), spec.get("momentum", 0.1)), shape
+    if kind in ("maxpool2d", "avgpool2d"):
+        k = spec.get("kernel", 2)
+        if kind == "maxpool2d":
+            m = nn.MaxPool2d(k, spec.get("stride"), spec.get("padding", 0))
+        else:
+            m = nn.AvgPool2d(k, spec.get("stride"), spec.get("padding", 0),
+                             spec.get("count_include_pad", True))
+        c, h, w = shape
+        ho = _out_hw(h, m.kernel_size[0], m.stride[0], m.padding[0])
+        wo = _out_hw(w, m.kernel_size[1], m.stride[1], m.padding[1])
+        if ho < 1 or wo < 1:
+            raise ValueError("the output would be empty")
+        return m, (c, ho, wo)
+    if kind == "global_avgpool":
+        return nn.GlobalAvgPool2d(), (shape[0], 1, 1)
+    if kind == "flatten":
+        return nn.Flatten(), (int(np.prod(shape)),)
+    if kind == "dropout":
+        return nn.Dropout(spec.get("p", 0.5)), shape
+    if kind == "softmax":
+        return nn.Softmax(spec.get("axis", -1)), shape
+    if kind == "leaky_relu":
+        return nn.LeakyReLU(spec.get("alpha", 0.01)), shape
+    if kind == "gelu":
+        return nn.GELU(spec.get("approximate", "none")), shape
+    return _ACTS[kind](), shape
+
+
+def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Sequential:
+    """The model a config's [model] section describes."""
+    if model_cfg.get("layers"):
+        return from_layers(input_shape, num_outputs, model_cfg["layers"], rng)
+    name = model_cfg["name"]
+    if name not in ZOO:
+        close = difflib.get_close_matches(str(name), ZOO, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(ZOO)}"
+        raise ModelError(f"unknown model {name!r}; {hint} (or give [model] layers = [...])")
+    if name in ("cnn", "vgg", "resnet") and len(input_shape) != 3:
+        raise ModelError(f"model {name!r} needs image input (C, H, W), but the data has shape "
+                         f"{list(input_shape)}; use mlp or mlp_regressor")
+    kwargs = {k: model_cfg[k] for k in ("hidden", "channels", "dropout", "batchnorm", "width")
+              if model_cfg.get(k) is not None}
+    return ZOO[name](tuple(input_shape), num_outputs, rng=rng, **kwargs)

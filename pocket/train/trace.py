@@ -1,0 +1,162 @@
+"""Trace a model into the graph IR (pocket.formats) for the checkpoint.
+
+The tracer walks the module tree rather than recording array calls: each layer type maps to one
+IR op through a table, parameters keep their state_dict names, and anything it does not know is
+a clear error at checkpoint time instead of a broken export later.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pocket.errors import PocketError
+from pocket.formats.ir import Graph, Node, ValueInfo
+from pocket.train import backend, nn
+
+
+class TraceError(PocketError):
+    """A model holds a layer the graph IR cannot express."""
+
+
+class _Builder:
+    def __init__(self, state: dict[str, np.ndarray]):
+        self.state = state
+        self.nodes: list[Node] = []
+        self.params: dict[str, ValueInfo] = {}
+        self._names: set[str] = set()
+
+    def param(self, name: str) -> str:
+        arr = self.state[name]
+        self.params[name] = ValueInfo("f32", tuple(int(d) for d in arr.shape))
+        return name
+
+    def node(self, name: str, op: str, inputs: list[str], **attrs) -> str:
+        name = name or op
+        base, i = name, 1
+        while name in self._names:
+            i += 1
+            name = f"{base}_{i}"
+        self._names.add(name)
+        out = f"{name}:out"
+        self.nodes.append(Node(name, op, inputs, [out], attrs))
+        return out
+
+
+def _p(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _trace_module(b: _Builder, m: nn.Module, prefix: str, x: str) -> str:
+    fn = _TRACERS.get(type(m))
+    if fn is None:
+        for cls, f in _TRACERS.items():
+            if isinstance(m, cls):
+                fn = f
+                break
+    if fn is None:
+        raise TraceError(f"cannot trace layer '{prefix or 'model'}' ({type(m).__name__}) into the "
+                         f"graph IR; supported layers: {', '.join(c.__name__ for c in _TRACERS)}")
+    return fn(b, m, prefix, x)
+
+
+def _sequential(b, m, prefix, x):
+    for name, child in m.named_children():
+        x = _trace_module(b, child, _p(prefix, name), x)
+    return x
+
+
+def _linear(b, m, prefix, x):
+    ins = [x, b.param(_p(prefix, "weight"))]
+    if m.bias is not None:
+        ins.append(b.param(_p(prefix, "bias")))
+    return b.node(prefix, "linear", ins)
+
+
+def _conv2d(b, m, prefix, x):
+    ins = [x, b.param(_p(prefix, "weight"))]
+    if m.bias is not None:
+        ins.append(b.param(_p(prefix, "bias")))
+    return b.node(prefix, "conv2d", ins, stride=list(m.stride), padding=list(m.padding),
+                  dilation=list(m.dilation), groups=int(m.groups))
+
+
+def _batchnorm(b, m, prefix, x):
+    ins = [x] + [b.param(_p(prefix, n)) for n in ("weight", "bias", "running_mean", "running_var")]
+    return b.node(prefix, "batchnorm", ins, eps=float(m.eps))
+
+
+def _maxpool(b, m, prefix, x):
+    if tuple(m.dilation) != (1, 1):
+        raise TraceError(f"layer '{prefix}': maxpool with dilation is not in the graph IR")
+    return b.node(prefix, "maxpool2d", [x], kernel=list(m.kernel_size), stride=list(m.stride),
+                  padding=list(m.padding))
+
+
+def _avgpool(b, m, prefix, x):
+    return b.node(prefix, "avgpool2d", [x], kernel=list(m.kernel_size), stride=list(m.stride),
+                  padding=list(m.padding), count_include_pad=bool(m.count_include_pad))
+
+
+def _flatten(b, m, prefix, x):
+    if m.start_dim != 1 or m.end_dim != -1:
+        raise TraceError(f"layer '{prefix}': only Flatten(start_dim=1, end_dim=-1) is in the IR")
+    return b.node(prefix, "flatten", [x])
+
+
+def _residual(b, m, prefix, x):
+    y = x
+    for name in ("conv1", "bn1", "relu1", "conv2", "bn2"):
+        y = _trace_module(b, getattr(m, name), _p(prefix, name), y)
+    short = x if m.shortcut is None else _trace_module(b, m.shortcut, _p(prefix, "shortcut"), x)
+    s = b.node(_p(prefix, "add"), "add", [y, short])
+    return b.node(_p(prefix, "relu2"), "relu", [s])
+
+
+def _simple(op, **attr_fns):
+    def fn(b, m, prefix, x):
+        return b.node(prefix, op, [x], **{k: f(m) for k, f in attr_fns.items()})
+
+    return fn
+
+
+_TRACERS = {
+    nn.Sequential: _sequential,
+    nn.Linear: _linear,
+    nn.Conv2d: _conv2d,
+    nn.BatchNorm1d: _batchnorm,
+    nn.BatchNorm2d: _batchnorm,
+    nn.MaxPool2d: _maxpool,
+    nn.AvgPool2d: _avgpool,
+    nn.GlobalAvgPool2d: _simple("global_avgpool"),
+    nn.Flatten: _flatten,
+    nn.ReLU: _simple("relu"),
+    nn.LeakyReLU: _simple("leaky_relu", alpha=lambda m: float(m.negative_slope)),
+    nn.Sigmoid: _simple("sigmoid"),
+    nn.Tanh: _simple("tanh"),
+    nn.GELU: _simple("gelu", approximate=lambda m: m.approximate),
+    nn.Softmax: _simple("softmax", axis=lambda m: int(m.axis)),
+    nn.Dropout: _simple("dropout", p=lambda m: float(m.p)),
+    nn.ResidualBlock: _residual,
+}
+
+
+def trace(model: nn.Module, input_shape, metadata: dict | None = None,
+          input_name: str = "input", output_name: str = "output"
+          ) -> tuple[Graph, dict[str, np.ndarray]]:
+    """model -> (validated inference Graph, {param name: float32 array}).
+
+    input_shape excludes the batch, which becomes the symbol "N".
+    """
+    state = {k: np.asarray(backend.to_numpy(v)) for k, v in model.state_dict().items()}
+    b = _Builder(state)
+    out = _trace_module(b, model, "", input_name)
+    if out == input_name:
+        raise TraceError("the model has no layers to trace")
+    # Rename the last value so exports have a stable output name.
+    last = b.nodes[-1]
+    last.outputs = [output_name]
+    inputs = {input_name: ValueInfo("f32", ("N", *(int(d) for d in input_shape)))}
+    g = Graph(inputs, [output_name], b.nodes, b.params, dict(metadata or {}))
+    g.validate()
+    params = {k: np.ascontiguousarray(state[k], dtype=np.float32) for k in b.params}
+    return g, params
