@@ -54,7 +54,9 @@ class Attr:
 
 def _check_attr(where: str, name: str, spec: Attr, value: Any) -> Any:
     def bad(what: str) -> FormatError:
-        return FormatError(f"{where}: attribute '{name}' {what}, got {value!r}")
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return FormatError(f"{where}: attribute '{name}' {what}, got {shown}")
 
     if spec.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
@@ -62,9 +64,12 @@ def _check_attr(where: str, name: str, spec: Attr, value: Any) -> Any:
     elif spec.kind == "float":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise bad("must be a number")
+        try:
+            value = float(value)
+        except OverflowError:
+            raise bad("must be finite") from None
         if not math.isfinite(value):
             raise bad("must be finite")
-        value = float(value)
     elif spec.kind == "bool":
         if not isinstance(value, bool):
             raise bad("must be true or false")
@@ -539,11 +544,14 @@ class Graph:
         if not self.outputs:
             raise FormatError("graph.outputs: a graph needs at least one output")
         _check_metadata(self.metadata)
-        infos: dict[str, ValueInfo] = {}
-        for name, v in {**self.inputs, **self.params}.items():
-            if name in infos:
-                raise FormatError(f"graph: '{name}' is both an input and a param")
-            infos[name] = v
+        both = sorted(set(self.inputs) & set(self.params))
+        if both:
+            raise FormatError(f"graph: '{both[0]}' is both an input and a param")
+        for name, v in self.params.items():
+            if not all(isinstance(d, int) for d in v.shape):
+                raise FormatError(f"graph.params['{name}'].shape: params need fixed integer "
+                                  f"sizes, got {list(v.shape)}")
+        infos: dict[str, ValueInfo] = {**self.inputs, **self.params}
         seen_nodes = set()
         for node in self.nodes:
             where = f"node '{node.name}' ({node.op})"

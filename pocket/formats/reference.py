@@ -1,0 +1,318 @@
+"""The executable meaning of every IR op: a naive NumPy interpreter, fp32 and int8.
+
+This is the oracle. Every engine kernel and every exporter transform (BatchNorm folding,
+activation fusion, quantization) is tested against it, so it is written to be obviously right,
+not fast, and shares no code with `pocket.infer`. Standard library + NumPy only.
+
+Conventions:
+- Float ops compute in float64 and round to float32 once per op, so the oracle is at least as
+  accurate as any kernel it judges.
+- int8 conv2d/linear compute (x_q - x_zp) * w_q in int64 and check that the accumulator fits
+  int32 (the format promises exact int32 accumulation), then follow `pocket.formats.quant`
+  step for step. A padded int8 input equals x_zp, so it contributes zero to the sum.
+
+Each op is `fn(attrs, *inputs, w_scale=None) -> array`; `REFERENCE_OPS` maps op names to them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pocket.formats import quant as q
+from pocket.formats.errors import FormatError
+from pocket.formats.ir import Graph
+
+# --------------------------------------------------------------------------- activations
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _gelu64(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64))
+
+
+def _activate64(x: np.ndarray, activation: str, alpha: float = 0.01) -> np.ndarray:
+    """x float64 -> float64, the fused activation of conv2d/linear."""
+    if activation == "none":
+        return x
+    if activation == "relu":
+        return np.maximum(x, 0.0)
+    if activation == "leaky_relu":
+        return np.where(x >= 0, x, alpha * x)
+    if activation == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-x))
+    if activation == "tanh":
+        return np.tanh(x)
+    if activation == "gelu":
+        return _gelu64(x)
+    raise FormatError(f"unknown activation {activation!r}")
+
+
+def _f64(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float64)
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x).astype(np.float32)
+
+
+def relu(a, x, **_):
+    return _f32(np.maximum(_f64(x), 0.0))
+
+
+def leaky_relu(a, x, **_):
+    return _f32(_activate64(_f64(x), "leaky_relu", a.get("alpha", 0.01)))
+
+
+def sigmoid(a, x, **_):
+    return _f32(_activate64(_f64(x), "sigmoid"))
+
+
+def tanh(a, x, **_):
+    return _f32(np.tanh(_f64(x)))
+
+
+def gelu(a, x, **_):
+    return _f32(_gelu64(_f64(x), a.get("approximate", "none")))
+
+
+def softmax(a, x, **_):
+    x = _f64(x)
+    e = np.exp(x - x.max(axis=a.get("axis", -1), keepdims=True))
+    return _f32(e / e.sum(axis=a.get("axis", -1), keepdims=True))
+
+
+# --------------------------------------------------------------------------- int8 helpers
+
+
+def _is_int8(a: Mapping[str, Any]) -> bool:
+    return a.get("x_scale") is not None
+
+
+def _int8_epilogue(a, acc: np.ndarray, w_scale) -> np.ndarray:
+    """acc (N, O, ...) int64 -> int8 (requantized) or float32, per pocket.formats.quant."""
+    if w_scale is None:
+        raise FormatError("an int8 conv2d/linear needs the weight's per-channel scales")
+    if acc.min(initial=0) < q.INT32_MIN or acc.max(initial=0) > q.INT32_MAX:
+        raise FormatError("int8 accumulator overflows int32")
+    acc = acc.astype(np.int32)
+    relu_ = a.get("activation", "none") == "relu"
+    if a.get("y_scale") is not None:
+        m = q.requant_multiplier(a["x_scale"], w_scale, a["y_scale"])
+        return q.requantize(acc, m, a["y_zero_point"], relu_, axis=1)
+    m = q.requant_multiplier(a["x_scale"], w_scale, None)
+    shape = (1, -1) + (1,) * (acc.ndim - 2)
+    y = (acc.astype(np.float64) * m.reshape(shape)).astype(np.float32)
+    return np.maximum(y, np.float32(0)) if relu_ else y
+
+
+# --------------------------------------------------------------------------- linear and conv
+
+
+def linear(a, x, w, b=None, *, w_scale=None):
+    """x (N, K), w (O, K), b (O,) -> (N, O)."""
+    if _is_int8(a):
+        acc = (x.astype(np.int64) - a["x_zero_point"]) @ w.astype(np.int64).T
+        if b is not None:
+            acc = acc + b.astype(np.int64)
+        return _int8_epilogue(a, acc, w_scale)
+    y = _f64(x) @ _f64(w).T
+    if b is not None:
+        y = y + _f64(b)
+    return _f32(_activate64(y, a.get("activation", "none"), a.get("alpha", 0.01)))
+
+
+def _pad(x: np.ndarray, ph: int, pw: int, value) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=value)
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int = 1) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _conv(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int) -> np.ndarray:
+    """x (N, C, H, W), w (O, C/g, kh, kw) -> (N, O, Ho, Wo) in x's dtype (float64 or int64).
+
+    Cross-correlation as a sum over kernel taps: each tap (i, j) multiplies a strided slice of
+    the zero-padded input by w[:, :, i, j].
+    """
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    ho, wo = _out_size(h, kh, sh, ph, dh), _out_size(wd, kw, sw, pw, dw)
+    xp = _pad(x, ph, pw, 0)
+    og = o // groups
+    out = np.zeros((n, o, ho, wo), x.dtype)
+    for g in range(groups):
+        xg = xp[:, g * cg:(g + 1) * cg]
+        wg = w[g * og:(g + 1) * og]
+        for i in range(kh):
+            for j in range(kw):
+                r, s = i * dh, j * dw
+                tap = xg[:, :, r:r + sh * (ho - 1) + 1:sh, s:s + sw * (wo - 1) + 1:sw]
+                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", tap, wg[:, :, i, j])
+    return out
+
+
+def conv2d(a, x, w, b=None, *, w_scale=None):
+    """x (N, C, H, W), w (O, C/groups, kh, kw), b (O,) -> (N, O, Ho, Wo)."""
+    geom = (a.get("stride", [1, 1]), a.get("padding", [0, 0]), a.get("dilation", [1, 1]),
+            a.get("groups", 1))
+    if _is_int8(a):
+        # NOTE: shifting by x_zp before padding with 0 is exactly "padded x_q equals x_zp".
+        acc = _conv(x.astype(np.int64) - a["x_zero_point"], w.astype(np.int64), *geom)
+        if b is not None:
+            acc = acc + b.astype(np.int64).reshape(1, -1, 1, 1)
+        return _int8_epilogue(a, acc, w_scale)
+    y = _conv(_f64(x), _f64(w), *geom)
+    if b is not None:
+        y = y + _f64(b).reshape(1, -1, 1, 1)
+    return _f32(_activate64(y, a.get("activation", "none"), a.get("alpha", 0.01)))
+
+
+def batchnorm(a, x, gamma, beta, mean, var, **_):
+    """x (N, C) or (N, C, H, W); per-channel params (C,) broadcast over axis 1."""
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    inv = 1.0 / np.sqrt(_f64(var) + a.get("eps", 1e-5))
+    y = (_f64(x) - _f64(mean).reshape(shape)) * (inv * _f64(gamma)).reshape(shape)
+    return _f32(y + _f64(beta).reshape(shape))
+
+
+# --------------------------------------------------------------------------- pooling
+
+
+def _windows(x: np.ndarray, a, pad_value):
+    """Yield the strided slice of the padded input under each kernel tap (floor mode)."""
+    kh, kw = a["kernel"]
+    sh, sw = a.get("stride") or a["kernel"]
+    ph, pw = a.get("padding", [0, 0])
+    ho, wo = _out_size(x.shape[2], kh, sh, ph), _out_size(x.shape[3], kw, sw, pw)
+    xp = _pad(x, ph, pw, pad_value)
+    for i in range(kh):
+        for j in range(kw):
+            yield xp[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
+
+
+def maxpool2d(a, x, **_):
+    """x (N, C, H, W) f32 or i8 -> (N, C, Ho, Wo); padding never wins (-inf, or -128 for i8)."""
+    pad = -128 if x.dtype == np.int8 else -np.inf
+    return np.maximum.reduce(list(_windows(x, a, pad))).astype(x.dtype)
+
+
+def avgpool2d(a, x, **_):
+    """x (N, C, H, W) -> (N, C, Ho, Wo); count_include_pad picks the divisor."""
+    total = sum(_windows(_f64(x), a, 0.0))
+    if a.get("count_include_pad", True):
+        count = a["kernel"][0] * a["kernel"][1]
+    else:
+        count = sum(_windows(np.ones((1, 1) + x.shape[2:]), a, 0.0))
+    return _f32(total / count)
+
+
+def global_avgpool(a, x, **_):
+    """x (N, C, H, W) -> (N, C, 1, 1)."""
+    return _f32(_f64(x).mean(axis=(2, 3), keepdims=True))
+
+
+# --------------------------------------------------------------------------- shape and misc
+
+
+def flatten(a, x, **_):
+    return x.reshape(x.shape[0], -1)
+
+
+def reshape(a, x, **_):
+    return x.reshape((x.shape[0], *a["shape"]))
+
+
+def dropout(a, x, **_):
+    return x
+
+
+def add(a, x, y, **_):
+    return _f32(_f64(x) + _f64(y))
+
+
+def concat(a, *xs, **_):
+    return np.concatenate(xs, axis=a.get("axis", 1))
+
+
+def quantize(a, x, **_):
+    return q.quantize(x, a["scale"], a["zero_point"])
+
+
+def dequantize(a, x, **_):
+    return q.dequantize(x, a["scale"], a["zero_point"])
+
+
+REFERENCE_OPS = {
+    "linear": linear, "conv2d": conv2d, "batchnorm": batchnorm, "relu": relu,
+    "leaky_relu": leaky_relu, "sigmoid": sigmoid, "tanh": tanh, "gelu": gelu,
+    "maxpool2d": maxpool2d, "avgpool2d": avgpool2d, "global_avgpool": global_avgpool,
+    "flatten": flatten, "reshape": reshape, "add": add, "concat": concat, "dropout": dropout,
+    "softmax": softmax, "quantize": quantize, "dequantize": dequantize,
+}
+
+_NP_DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8,
+              "i32": np.int32, "i64": np.int64}
+
+
+# --------------------------------------------------------------------------- the interpreter
+
+
+def run(
+    graph: Graph,
+    params: Mapping[str, np.ndarray],
+    inputs: Mapping[str, np.ndarray] | np.ndarray,
+    quant: Mapping[str, dict | None] | None = None,
+    *,
+    keep_all: bool = False,
+) -> dict[str, np.ndarray]:
+    """Run `graph` node by node; return {output name: array} (every value with keep_all).
+
+    params: constant tensors by name; quant: {weight name: {"scale": [...], ...}} for the int8
+    weights of int8 conv2d/linear nodes (the container's `quant(name)`).
+    """
+    graph.validate()
+    if not isinstance(inputs, Mapping):
+        if len(graph.inputs) != 1:
+            raise FormatError(f"graph has {len(graph.inputs)} inputs; pass a dict by name")
+        inputs = {next(iter(graph.inputs)): inputs}
+    env: dict[str, np.ndarray] = {}
+    for name, info in graph.inputs.items():
+        if name not in inputs:
+            raise FormatError(f"missing graph input '{name}'")
+        x = np.asarray(inputs[name])
+        if x.dtype != _NP_DTYPES[info.dtype]:
+            raise FormatError(f"input '{name}' must be {info.dtype}, got {x.dtype}")
+        env[name] = x
+    for name in graph.params:
+        if name not in params:
+            raise FormatError(f"missing param '{name}'")
+        env[name] = np.asarray(params[name])
+    for node in graph.nodes:
+        kw = {}
+        if node.op in ("conv2d", "linear") and _is_int8(node.attrs):
+            qp = (quant or {}).get(node.inputs[1])
+            kw["w_scale"] = None if qp is None else np.asarray(qp["scale"], np.float32)
+        env[node.outputs[0]] = REFERENCE_OPS[node.op](node.attrs, *(env[i] for i in node.inputs),
+                                                      **kw)
+    if keep_all:
+        return env
+    return {o: env[o] for o in graph.outputs}
+
+
+def run_container(container, x: Mapping[str, np.ndarray] | np.ndarray, *,
+                  keep_all: bool = False) -> dict[str, np.ndarray]:
+    """Run a loaded model container (see `pocket.formats.container.read_container`) on x."""
+    graph = container.graph
+    if graph is None:
+        raise FormatError("container holds no graph")
+    quant = {name: container.quant(name) for name in graph.params}
+    return run(graph, container.tensors, x, quant, keep_all=keep_all)
