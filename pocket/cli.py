@@ -137,22 +137,29 @@ def train(config, as_json, **flags):
 @click.argument("ckpt", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Output file (default next to the checkpoint: model[.int8].bin|onnx).")
-@click.option("--format", "fmt", type=click.Choice(["bin", "onnx"]), default="bin",
-              show_default=True, help="pocket container for the edge engine, or ONNX.")
+@click.option("--format", "fmt", type=click.Choice(["bin", "onnx"]),
+              help="pocket container for the edge engine, or ONNX (default: from -o, else bin).")
 @click.option("--int8", is_flag=True, help="Quantize weights (per channel) and activations to int8.")
 @click.option("--calib-samples", type=click.IntRange(min=1), metavar="N",
               help="Calibration samples for int8 activation scales (from the checkpoint).")
 @click.option("--calib", "calib_path", type=click.Path(dir_okay=False), metavar="X.npz",
               help="Calibrate on array `x` of this .npz instead of the checkpoint's samples.")
+@click.option("--max-layer-error", type=click.FloatRange(min=0, min_open=True), metavar="F",
+              help="int8 accuracy guard: layers whose relative output error exceeds F stay "
+                   "fp32 (default 0.2).")
 @click.option("--json", "as_json", is_flag=True, help="Print the export report as one JSON object.")
 @handle_errors
-def export(ckpt, output, fmt, int8, calib_samples, calib_path, as_json):
-    """Turn a training checkpoint into a deployable model (.bin or .onnx)."""
+def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, as_json):
+    """Turn a training checkpoint into a deployable model (.bin or .onnx).
+
+    Folds batchnorm, fuses activations, drops dropout; with --int8 quantizes weights per
+    channel and activations with scales calibrated on the checkpoint's training samples.
+    """
     from pocket.export.app import export as run_export
     from pocket.export.app import render
 
     report = run_export(ckpt, output, fmt=fmt, int8=int8, calib_samples=calib_samples,
-                        calib_path=calib_path)
+                        calib_path=calib_path, max_layer_error=max_layer_error)
     emit(report, as_json, render)
 
 

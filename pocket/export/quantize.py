@@ -1,0 +1,300 @@
+"""fp32 graph -> int8 graph (DESIGN §6), with the arithmetic of `pocket.formats.quant`.
+
+1. Calibrate: run the fp32 graph through the reference interpreter on calibration samples and
+   record each value's range (min/max, or a percentile to ignore rare outliers).
+2. Plan: every conv2d/linear whose fused activation is none or relu is a candidate. A value is
+   kept in int8 when every reader consumes int8 (an int8 conv/linear, or maxpool2d / flatten /
+   reshape / dropout whose own output is kept in int8) and it is not a graph output; an int8
+   layer then writes int8 (`y_scale`) and everything else reads f32 (an int8 layer without
+   `y_scale` writes f32 itself, so no separate dequantize is needed on those edges).
+3. Guard: quantize each candidate alone (its input quantized, its output requantized when the
+   plan says so) and compare with the fp32 layer on the calibration samples. A layer whose error
+   exceeds `max_layer_error` stays fp32; the plan is then made again without it.
+4. Build: `quantize` nodes where an f32 value feeds int8, int8 weights (symmetric per output
+   channel), int32 biases, and the qparams in the node attrs.
+
+The layer error is the relative RMS error per output channel, averaged in quadrature over the
+channels: sqrt(mean_c(sum_c (y_q - y)^2 / sum_c y^2)). Per channel, because activations are
+quantized per tensor: one channel with a huge range flattens every other channel to a few
+levels while barely moving a whole-tensor SQNR. A channel whose signal is under 1% of the median
+channel power is measured against that 1% floor, so a dead ReLU channel cannot dominate (the
+median, not the mean, so that the outlier channel does not lift the floor over the others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pocket.export.transforms import DTYPE_NAMES, consumers
+from pocket.formats import quant as Q
+from pocket.formats import reference
+from pocket.formats.ir import Graph, Node, ValueInfo
+
+LAYERS = ("conv2d", "linear")
+PASSTHROUGH = ("maxpool2d", "flatten", "reshape", "dropout")
+DEFAULT_CALIB_SAMPLES = 256
+DEFAULT_MAX_LAYER_ERROR = 0.2  # relative RMS error per channel (about 14 dB)
+CHANNEL_FLOOR = 0.01
+BATCH = 64
+
+
+@dataclass
+class Quantized:
+    graph: Graph
+    params: dict[str, np.ndarray]
+    quant: dict[str, dict]
+    layers: list[dict] = field(default_factory=list)   # one per conv2d/linear, in graph order
+    weights: list[dict] = field(default_factory=list)  # error of each int8 weight tensor
+
+    @property
+    def layers_fp32(self) -> list[str]:
+        return [r["name"] for r in self.layers if not r["int8"]]
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def _batches(x: np.ndarray):
+    for i in range(0, len(x), BATCH):
+        yield x[i:i + BATCH]
+
+
+def calibrate(graph: Graph, params: Mapping[str, np.ndarray], x: np.ndarray, *,
+              method: str = "minmax", percentile: float = 99.99) -> dict[str, tuple[float, float]]:
+    """value name -> (lo, hi) over the calibration samples, for every f32 value of the graph."""
+    if method not in ("minmax", "percentile"):
+        raise ValueError(f"calibration method must be minmax or percentile, got {method!r}")
+    ranges: dict[str, tuple[float, float]] = {}
+    samples: dict[str, list[np.ndarray]] = {}
+    for xb in _batches(x):
+        env = reference.run(graph, params, xb, keep_all=True)
+        for name, v in env.items():
+            if name in graph.params or v.dtype != np.float32 or v.size == 0:
+                continue
+            lo, hi = float(v.min()), float(v.max())
+            old = ranges.get(name, (lo, hi))
+            ranges[name] = (min(lo, old[0]), max(hi, old[1]))
+            if method == "percentile":
+                # A strided subsample keeps memory bounded on big activations.
+                flat = v.reshape(-1)
+                samples.setdefault(name, []).append(flat[::max(1, flat.size // 200_000)])
+    if method == "percentile":
+        for name, parts in samples.items():
+            allv = np.concatenate(parts)
+            ranges[name] = (float(np.percentile(allv, 100 - percentile)),
+                            float(np.percentile(allv, percentile)))
+    return ranges
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass
+class _Plan:
+    int8: set[str]                        # names of the int8 layer nodes
+    native_i8: dict[str, tuple[float, int]]  # value -> the qparams it is stored with
+
+
+def _plan(graph: Graph, int8: set[str], ranges) -> _Plan:
+    uses = consumers(graph)
+    wants: dict[str, bool] = {}
+    for node in reversed(graph.nodes):
+        for v in node.outputs:
+            readers = uses.get(v, [])
+            wants[v] = v not in graph.outputs and bool(readers) and all(
+                (r.name in int8 and r.inputs[0] == v and v not in r.inputs[1:])
+                or (r.op in PASSTHROUGH and wants[r.outputs[0]])
+                for r in readers)
+
+    native: dict[str, tuple[float, int]] = {}
+    for node in graph.nodes:
+        y = node.outputs[0]
+        if node.name in int8 and wants[y]:
+            native[y] = Q.choose_activation_qparams(*ranges[y])
+        elif node.op in PASSTHROUGH and node.inputs[0] in native:
+            native[y] = native[node.inputs[0]]
+    return _Plan(int8, native)
+
+
+def _candidates(graph: Graph) -> tuple[set[str], dict[str, str]]:
+    """Layers that can be int8, and the reason for each that cannot."""
+    ok, why = set(), {}
+    for n in graph.nodes:
+        if n.op not in LAYERS:
+            continue
+        act = n.attrs.get("activation", "none")
+        if act not in ("none", "relu"):
+            why[n.name] = f"fused activation '{act}' has no int8 form (only relu fuses into int8)"
+        else:
+            ok.add(n.name)
+    return ok, why
+
+
+# --------------------------------------------------------------------------- int8 layers
+
+
+def _layer_int8(node: Node, params, x_qp: tuple[float, int], y_qp: tuple[float, int] | None,
+                shared: set[str], taken: set[str]) -> tuple[Node, dict[str, np.ndarray], dict]:
+    """One conv2d/linear as an int8 node with its int8 weight and int32 bias.
+
+    They keep their names, except a tensor another node also reads (`shared`): that one gets an
+    int8 copy under a fresh name, since the other reader may be fp32 or use another x_scale.
+    """
+    x_scale, x_zp = x_qp
+    w_name = node.inputs[1]
+    w_q, w_scale = Q.quantize_weights(params[w_name])
+    o = w_q.shape[0]
+    new_params = {w_name: w_q}
+    quant = {w_name: {"scale": w_scale.tolist(), "zero_point": [0] * o, "axis": 0}}
+    inputs = [node.inputs[0], w_name]
+    if len(node.inputs) > 2:
+        b_name = node.inputs[2]
+        new_params[b_name] = Q.quantize_bias(params[b_name], x_scale, w_scale)
+        b_scale = (np.float64(x_scale) * w_scale.astype(np.float64)).astype(np.float32)
+        quant[b_name] = {"scale": b_scale.tolist(), "zero_point": [0] * o, "axis": 0}
+        inputs.append(b_name)
+    for old in list(new_params):
+        if old in shared:
+            new = _fresh(f"{node.name}.{old.rsplit('.', 1)[-1]}_q", taken)
+            new_params[new] = new_params.pop(old)
+            quant[new] = quant.pop(old)
+            inputs = [new if i == old else i for i in inputs]
+    taken.update(new_params)
+    attrs = dict(node.attrs, x_scale=x_scale, x_zero_point=x_zp)
+    if y_qp is not None:
+        attrs.update(y_scale=y_qp[0], y_zero_point=y_qp[1])
+    return Node(node.name, node.op, inputs, list(node.outputs), attrs), new_params, quant
+
+
+def _fresh(name: str, taken) -> str:
+    i = 0
+    while f"{name}{i or ''}" in taken:
+        i += 1
+    return f"{name}{i or ''}"
+
+
+def _layer_errors(graph: Graph, params, x: np.ndarray, plan: _Plan, ranges) -> dict[str, dict]:
+    """Each planned int8 layer alone vs its fp32 self on the calibration samples."""
+    infos = graph.validate()
+    minis = {}
+    for node in graph.nodes:
+        if node.name not in plan.int8:
+            continue
+        xv, yv = node.inputs[0], node.outputs[0]
+        x_qp = plan.native_i8.get(xv) or Q.choose_activation_qparams(*ranges[xv])
+        y_qp = plan.native_i8.get(yv)
+        qnode, p, quant = _layer_int8(node, params, x_qp, y_qp, set(), set())
+        nodes = [Node("q", "quantize", ["x"], ["xq"], {"scale": x_qp[0], "zero_point": x_qp[1]}),
+                 Node(node.name, node.op, ["xq", *qnode.inputs[1:]], ["y"], qnode.attrs)]
+        if y_qp is not None:
+            nodes.append(Node("dq", "dequantize", ["y"], ["yf"],
+                              {"scale": y_qp[0], "zero_point": y_qp[1]}))
+        g = Graph({"x": ValueInfo("f32", infos[xv].shape)}, [nodes[-1].outputs[0]], nodes,
+                  {n: ValueInfo(DTYPE_NAMES[a.dtype], a.shape) for n, a in p.items()})
+        minis[node.name] = (g, p, quant, xv, yv)
+
+    sums = {name: [0.0, 0.0, 0.0, 0.0] for name in minis}  # noise/signal per channel, total
+    for xb in _batches(x):
+        env = reference.run(graph, params, xb, keep_all=True)
+        for name, (g, p, quant, xv, yv) in minis.items():
+            y = env[yv].astype(np.float64)
+            yq = reference.run(g, p, env[xv], quant)[g.outputs[0]].astype(np.float64)
+            axes = (0, *range(2, y.ndim))
+            s = sums[name]
+            s[0] = s[0] + ((yq - y) ** 2).sum(axis=axes)
+            s[1] = s[1] + (y**2).sum(axis=axes)
+            s[2] += float(((yq - y) ** 2).sum())
+            s[3] += float((y**2).sum())
+    out = {}
+    for name, (noise_c, signal_c, noise, signal) in sums.items():
+        live = signal_c[signal_c > 0]
+        floor = CHANNEL_FLOOR * (float(np.median(live)) if live.size else 1.0)
+        err = float(np.sqrt(np.mean(noise_c / np.maximum(signal_c, floor))))
+        sqnr = float("inf") if noise == 0 else 10 * np.log10(max(signal, 1e-30) / noise)
+        out[name] = {"error": err, "sqnr_db": sqnr}
+    return out
+
+
+# --------------------------------------------------------------------------- the pass
+
+
+def quantize_graph(graph: Graph, params: Mapping[str, np.ndarray], calib_x: np.ndarray, *,
+                   max_layer_error: float | None = None, method: str = "minmax",
+                   percentile: float = 99.99) -> Quantized:
+    """The int8 version of a (folded, fused) fp32 graph; see the module docstring."""
+    limit = DEFAULT_MAX_LAYER_ERROR if max_layer_error is None else float(max_layer_error)
+    graph.validate()
+    ranges = calibrate(graph, params, calib_x, method=method, percentile=percentile)
+    int8, why = _candidates(graph)
+    plan = _plan(graph, int8, ranges)
+    errors = _layer_errors(graph, params, calib_x, plan, ranges)
+    bad = {n for n, e in errors.items() if not e["error"] <= limit}
+    for n in bad:
+        why[n] = (f"int8 error {errors[n]['error']:.3g} exceeds max_layer_error {limit:g} "
+                  f"(SQNR {errors[n]['sqnr_db']:.1f} dB)")
+    plan = _plan(graph, int8 - bad, ranges)
+    qgraph, qparams, qinfo, weights = _build(graph, params, plan, ranges)
+    layers = [{"name": n.name, "op": n.op, "int8": n.name in plan.int8,
+               "error": errors.get(n.name, {}).get("error"),
+               "sqnr_db": errors.get(n.name, {}).get("sqnr_db"),
+               "reason": why.get(n.name)}
+              for n in graph.nodes if n.op in LAYERS]
+    return Quantized(qgraph, qparams, qinfo, layers, weights)
+
+
+def _build(graph: Graph, params, plan: _Plan, ranges):
+    nodes: list[Node] = []
+    out_params: dict[str, np.ndarray] = {}
+    quant: dict[str, dict] = {}
+    weights = []
+    reads: dict[str, int] = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            reads[v] = reads.get(v, 0) + 1
+    shared = {v for v, c in reads.items() if c > 1 and v in graph.params}
+    taken = set(graph.params)
+    as_i8: dict[str, tuple[str, tuple[float, int]]] = {}  # f32 value -> its quantized twin
+
+    def int8_input(v: str) -> tuple[str, tuple[float, int]]:
+        if v in plan.native_i8:
+            return v, plan.native_i8[v]
+        if v not in as_i8:
+            qp = Q.choose_activation_qparams(*ranges[v])
+            nodes.append(Node(f"{v}/quantize", "quantize", [v], [f"{v}/q"],
+                              {"scale": qp[0], "zero_point": qp[1]}))
+            as_i8[v] = (f"{v}/q", qp)
+        return as_i8[v]
+
+    for node in graph.nodes:
+        if node.name in plan.int8:
+            xq, x_qp = int8_input(node.inputs[0])
+            qnode, p, qi = _layer_int8(node, params, x_qp, plan.native_i8.get(node.outputs[0]),
+                                       shared, taken)
+            qnode.inputs[0] = xq
+            nodes.append(qnode)
+            out_params.update(p)
+            quant.update(qi)
+            w = qnode.inputs[1]
+            weights.append(_weight_error(w, params[node.inputs[1]], p[w], quant[w]["scale"]))
+        else:
+            nodes.append(Node(node.name, node.op, list(node.inputs), list(node.outputs),
+                              dict(node.attrs)))
+            out_params.update({v: np.asarray(params[v]) for v in node.inputs if v in graph.params})
+    g = Graph(dict(graph.inputs), list(graph.outputs), nodes,
+              {n: ValueInfo(DTYPE_NAMES[a.dtype], tuple(a.shape)) for n, a in out_params.items()},
+              dict(graph.metadata))
+    g.validate()
+    return g, out_params, quant, weights
+
+
+def _weight_error(name: str, w: np.ndarray, w_q: np.ndarray, scale) -> dict:
+    w = np.asarray(w, np.float32)
+    d = Q.dequantize_weights(w_q, np.asarray(scale, np.float32))
+    err = np.abs(d.astype(np.float64) - w)
+    norm = float(np.linalg.norm(w.astype(np.float64)))
+    return {"name": name, "shape": list(w.shape), "max_abs_error": float(err.max(initial=0)),
+            "rel_error": float(np.linalg.norm(err) / norm) if norm else 0.0,
+            "sqnr_db": Q.sqnr_db(w, d)}
