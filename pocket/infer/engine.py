@@ -1,0 +1,543 @@
+"""The edge engine: mmap a model container, compile a plan once, run it with no allocation.
+
+Loading (`Engine(path)`) reads the `.bin` through `pocket.formats.container` (weights stay
+read-only views into the mmap; kernel layouts such as OIHW -> (O, C*kh*kw) are views too),
+validates the graph, rejects every unsupported op in one error, and plans:
+
+- a topological schedule (the graph's node order);
+- one static activation arena sized for `max_batch`: each value gets an offset by buffer
+  liveness (a value's bytes are reused once no later node reads it), flatten/reshape/dropout
+  are views of their input, and im2col scratch lives in the arena only during its node;
+- for each batch size seen, the bound calls (kernels with their views) are built once and
+  cached, so `run()` after the first call of a batch size allocates no arrays.
+
+Arrays returned by `run()` are views into the arena, overwritten by the next call; pass
+`copy=True` to keep them. Batches larger than `max_batch` are split (and the result is a new
+array). Kernels are Numba functions compiled on first use and cached on disk (next to the
+package, or under NUMBA_CACHE_DIR when that is set); `warmup()` compiles them all up front.
+Numba kernels use `threads` threads; the BLAS GEMMs follow OPENBLAS_NUM_THREADS /
+OMP_NUM_THREADS, or `threads` when threadpoolctl is installed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from pocket.errors import PocketError
+from pocket.formats import quant as qm
+from pocket.formats.errors import FormatError
+from pocket.formats.ir import Graph, Node, ValueInfo
+from pocket.infer import kernels_fp32 as kf
+from pocket.infer import kernels_int8 as ki
+
+
+class EngineError(PocketError):
+    """The model or the input cannot be run by this engine; the message says why."""
+
+
+_NP = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8, "i32": np.int32,
+       "i64": np.int64}
+_ALIGN = 64
+_SCRATCH_BYTES = 4 << 20  # im2col chunk target: a few MiB keeps the GEMM operands in cache
+_ALIAS_OPS = ("flatten", "reshape", "dropout")
+
+
+@dataclass
+class _Buffer:
+    """A region of the arena: one root value (plus its aliases) or one node's scratch."""
+
+    nbytes: int  # at max_batch
+    first: int  # step that writes it (-1: graph input)
+    last: int  # last step that reads it
+    offset: int = 0
+
+
+@dataclass
+class _Bound:
+    """The plan bound to one batch size: views into the arena and ready-to-call kernels."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: list[np.ndarray]
+    calls: list[Any] = field(default_factory=list)
+
+
+def _per_sample(info: ValueInfo, where: str) -> tuple[int, ...]:
+    rest = info.shape[1:]
+    if not all(isinstance(d, int) for d in rest):
+        raise EngineError(f"{where}: dims after the batch must be fixed, got {list(info.shape)}")
+    return tuple(rest)
+
+
+class Engine:
+    """Runs one model container. See the module docstring for the memory rules."""
+
+    def __init__(self, path_or_container, *, threads: int | None = None, max_batch: int = 64):
+        if isinstance(path_or_container, str | os.PathLike):
+            from pocket.formats.container import read_container
+
+            self._container = read_container(path_or_container, expect_kind="model")
+            self._owns = True
+        else:
+            self._container = path_or_container
+            self._owns = False
+            if self._container.kind != "model":
+                raise FormatError(f"kind: expected a 'model' container, got "
+                                  f"'{self._container.kind}'; export the checkpoint first")
+        graph = self._container.graph
+        if graph is None:
+            raise FormatError("graph: the model container holds no graph")
+        if max_batch < 1:
+            raise EngineError(f"max_batch must be >= 1, got {max_batch}")
+        unsupported = sorted({n.op for n in graph.nodes if n.op not in _BUILDERS})
+        if unsupported:
+            raise EngineError(f"this engine cannot run op(s) {', '.join(unsupported)}; "
+                              f"it supports {', '.join(sorted(_BUILDERS))}")
+        self.graph: Graph = graph
+        self._infos = graph.validate()
+        batch = next(iter(graph.inputs.values())).shape[0]
+        self.max_batch = min(max_batch, batch) if isinstance(batch, int) else max_batch
+        self.set_threads(threads)
+        self._params = {name: self._container.tensors[name] for name in graph.params}
+        self._sample = {v: _per_sample(info, f"value '{v}'") for v, info in self._infos.items()
+                        if v not in graph.params}
+        self._prep = [_PREPARE.get(n.op, _no_prep)(self, n) for n in graph.nodes]
+        self._plan_arena()
+        self._bound: dict[int, _Bound] = {}
+
+    # ---- public properties
+
+    @property
+    def input_name(self) -> str:
+        return next(iter(self.graph.inputs))
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Per-sample input shape (without the batch dim)."""
+        return self._sample[self.input_name]
+
+    @property
+    def input_dtype(self) -> np.dtype:
+        return np.dtype(_NP[self.graph.inputs[self.input_name].dtype])
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.graph.outputs)
+
+    @property
+    def metadata(self) -> dict:
+        return self.graph.metadata
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self.metadata.get("labels")
+
+    @property
+    def task(self) -> str | None:
+        return self.metadata.get("task")
+
+    @property
+    def preprocessing(self) -> dict:
+        return self.metadata.get("preprocessing") or {}
+
+    @property
+    def arena_bytes(self) -> int:
+        return self._arena.nbytes
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The arrays the kernels read, by param name (views of the container's mmap)."""
+        return dict(self._params)
+
+    # ---- threads
+
+    def set_threads(self, threads: int | None) -> None:
+        if threads is None:
+            return
+        import numba
+
+        if not 1 <= threads <= numba.config.NUMBA_NUM_THREADS:
+            raise EngineError(f"threads must be between 1 and {numba.config.NUMBA_NUM_THREADS}, "
+                              f"got {threads}")
+        numba.set_num_threads(threads)
+        try:  # optional: BLAS keeps its own pool; without threadpoolctl the env vars rule it
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            return
+        threadpool_limits(limits=threads, user_api="blas")
+
+    # ---- planning
+
+    def _plan_arena(self) -> None:
+        g = self.graph
+        root: dict[str, str] = {name: name for name in g.inputs}
+        buffers: dict[str, _Buffer] = {}
+
+        def nbytes(v: str) -> int:
+            size = self.max_batch * math.prod(self._sample[v]) * np.dtype(
+                _NP[self._infos[v].dtype]).itemsize
+            return -(-size // _ALIGN) * _ALIGN
+
+        for name in g.inputs:
+            buffers[name] = _Buffer(nbytes(name), -1, -1)
+        for step, node in enumerate(g.nodes):
+            for v in node.inputs:
+                if v in root:
+                    buffers[root[v]].last = step
+            out = node.outputs[0]
+            if node.op in _ALIAS_OPS:
+                if node.inputs[0] not in root:
+                    raise EngineError(f"node '{node.name}': {node.op} of a param is not supported")
+                root[out] = root[node.inputs[0]]
+            else:
+                root[out] = out
+                buffers[out] = _Buffer(nbytes(out), step, step)
+            scratch = self._prep[step].get("scratch_bytes", 0)
+            if scratch:
+                buffers[f"#scratch{step}"] = _Buffer(-(-scratch // _ALIGN) * _ALIGN, step, step)
+        for o in g.outputs:
+            if o not in root:
+                raise EngineError(f"output '{o}' is a param; this engine returns computed values")
+            buffers[root[o]].last = len(g.nodes)
+        total = _assign_offsets(list(buffers.values()))
+        raw = np.zeros(total + _ALIGN, np.uint8)
+        start = (-raw.ctypes.data) % _ALIGN
+        self._arena = raw[start:start + total]
+        self._root, self._buffers = root, buffers
+
+    def _view(self, v: str, n: int) -> np.ndarray:
+        if v in self._params:
+            return self._params[v]
+        shape = self._sample[v]
+        dtype = np.dtype(_NP[self._infos[v].dtype])
+        buf = self._buffers[self._root[v]]
+        count = n * math.prod(shape) * dtype.itemsize
+        return self._arena[buf.offset:buf.offset + count].view(dtype).reshape((n, *shape))
+
+    def _scratch(self, step: int, dtype, shape: tuple[int, ...]) -> np.ndarray:
+        buf = self._buffers[f"#scratch{step}"]
+        count = math.prod(shape) * np.dtype(dtype).itemsize
+        return self._arena[buf.offset:buf.offset + count].view(dtype).reshape(shape)
+
+    def _bind(self, n: int) -> _Bound:
+        bound = self._bound.get(n)
+        if bound is None:
+            g = self.graph
+            bound = _Bound({v: self._view(v, n) for v in g.inputs},
+                           [self._view(o, n) for o in g.outputs])
+            for step, node in enumerate(g.nodes):
+                bound.calls.extend(_BUILDERS[node.op](self, step, node, n))
+            self._bound[n] = bound
+        return bound
+
+    # ---- running
+
+    def run(self, x: np.ndarray, *, copy: bool = False) -> np.ndarray:
+        """x (N, *input_shape) -> the single output (N, ...). A view into the arena unless copy."""
+        if len(self.graph.outputs) != 1:
+            raise EngineError(f"the model has {len(self.graph.outputs)} outputs; use run_all()")
+        return self.run_all(x, copy=copy)[self.graph.outputs[0]]
+
+    def run_all(self, x, *, copy: bool = False) -> dict[str, np.ndarray]:
+        """x: one array (single-input model) or {input name: array} -> {output name: array}."""
+        xs = x if isinstance(x, dict) else {self.input_name: x}
+        missing = set(self.graph.inputs) - set(xs)
+        if missing:
+            raise EngineError(f"missing input(s) {', '.join(sorted(missing))}")
+        n = None
+        for name, arr in xs.items():
+            n = self._check_input(name, arr, n)
+        if n <= self.max_batch:
+            bound = self._bind(n)
+            self._execute(bound, xs, slice(0, n))
+            outs = bound.outputs
+            return {o: (a.copy() if copy else a) for o, a in zip(self.graph.outputs, outs)}
+        result = {o: np.empty((n, *self._sample[o]), _NP[self._infos[o].dtype])
+                  for o in self.graph.outputs}
+        for start in range(0, n, self.max_batch):
+            stop = min(start + self.max_batch, n)
+            bound = self._bind(stop - start)
+            self._execute(bound, xs, slice(start, stop))
+            for o, a in zip(self.graph.outputs, bound.outputs):
+                result[o][start:stop] = a
+        return result
+
+    def _check_input(self, name: str, arr, n: int | None) -> int:
+        if name not in self.graph.inputs:
+            raise EngineError(f"unknown input '{name}'; the model takes {', '.join(self.graph.inputs)}")
+        arr = np.asarray(arr)
+        shape = self._sample[name]
+        if arr.ndim != len(shape) + 1 or tuple(arr.shape[1:]) != shape:
+            raise EngineError(f"input '{name}' must have shape (N, {', '.join(map(str, shape))}), "
+                              f"got {tuple(arr.shape)}")
+        want = np.dtype(_NP[self.graph.inputs[name].dtype])
+        if not np.can_cast(arr.dtype, want, casting="same_kind"):
+            raise EngineError(f"input '{name}' must be {want}, got {arr.dtype}")
+        if arr.shape[0] == 0 or (n is not None and arr.shape[0] != n):
+            raise EngineError(f"input '{name}' has batch size {arr.shape[0]}; "
+                              "inputs must share one non-zero batch size")
+        return arr.shape[0]
+
+    @staticmethod
+    def _execute(bound: _Bound, xs: dict, rows: slice) -> None:
+        for name, dst in bound.inputs.items():
+            np.copyto(dst, xs[name][rows], casting="same_kind")
+        for call in bound.calls:
+            call()
+
+    def warmup(self) -> None:
+        """Compile (or load from the Numba cache) every kernel the plan uses."""
+        self.run_all({v: np.zeros((1, *self._sample[v]), _NP[info.dtype])
+                      for v, info in self.graph.inputs.items()})
+
+    # ---- lifetime
+
+    def close(self) -> None:
+        self._bound.clear()
+        self._params = {}
+        self._prep = []
+        if self._owns:
+            self._container.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _assign_offsets(buffers: list[_Buffer]) -> int:
+    """Greedy by size: each buffer takes the lowest offset free of every buffer it overlaps
+    in time. Returns the arena size."""
+    placed: list[_Buffer] = []
+    total = 0
+    for b in sorted(buffers, key=lambda b: -b.nbytes):
+        busy = sorted((p.offset, p.offset + p.nbytes) for p in placed
+                      if p.first <= b.last and b.first <= p.last)
+        offset = 0
+        for lo, hi in busy:
+            if offset + b.nbytes <= lo:
+                break
+            offset = max(offset, hi)
+        b.offset = offset
+        placed.append(b)
+        total = max(total, offset + b.nbytes)
+    return total
+
+
+# --------------------------------------------------------------------------- per-op preparation
+# A prepare function runs once at load: kernel-friendly views of the weights, int8 constants,
+# and the scratch size. A builder binds one node to the views of one batch size.
+
+
+def _no_prep(eng: Engine, node: Node) -> dict:
+    return {}
+
+
+_EMPTY_F32 = np.zeros(0, np.float32)
+
+
+def _act_code(a: dict) -> int:
+    return kf.ACT[a.get("activation", "none")]
+
+
+def _int8_consts(eng: Engine, node: Node, w: np.ndarray) -> dict:
+    a = node.attrs
+    qp = eng._container.quant(node.inputs[1])
+    o = w.shape[0]
+    if qp is None or len(qp.get("scale", [])) != o or qp.get("axis", 0) not in (0, None):
+        raise FormatError(f"node '{node.name}': int8 weight '{node.inputs[1]}' needs {o} "
+                          "per-output-channel scales (axis 0) in the container")
+    w_scale = np.asarray(qp["scale"], np.float32)
+    wsum = ki.weight_sums(w.reshape(o, -1))
+    b = eng._params[node.inputs[2]] if len(node.inputs) > 2 else np.zeros(o, np.int32)
+    to_int8 = a.get("y_scale") is not None
+    relu = a.get("activation", "none") == "relu"
+    y_zp = a["y_zero_point"] if to_int8 else 0
+    return {
+        # NOTE: int64, so b_q - x_zp * wsum never wraps, whatever the weights.
+        "bias_adj": b.astype(np.int64) - np.int64(a["x_zero_point"]) * wsum.astype(np.int64),
+        "m": qm.requant_multiplier(a["x_scale"], w_scale, a.get("y_scale")),
+        "to_int8": to_int8, "y_zp": float(y_zp), "lo": float(y_zp if relu else qm.QMIN), "relu": relu,
+    }
+
+
+def _prep_linear(eng: Engine, node: Node) -> dict:
+    w = eng._params[node.inputs[1]]
+    if "x_scale" in node.attrs:
+        return {"w": w, **_int8_consts(eng, node, w)}
+    b = eng._params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
+    return {"wT": w.T, "b": b}
+
+
+def _conv_geometry(eng: Engine, node: Node) -> dict:
+    a = node.attrs
+    x_shape = eng._sample[node.inputs[0]]
+    w = eng._params[node.inputs[1]]
+    o, cg, kh, kw = w.shape
+    c, h, wd = x_shape
+    (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return {"w": w, "o": o, "k": c * kh * kw, "p": ho * wo, "geom": (kh, kw, sh, sw, ph, pw, dh, dw),
+            "groups": a["groups"]}
+
+
+def _prep_conv2d(eng: Engine, node: Node) -> dict:
+    d = _conv_geometry(eng, node)
+    w, o, k, p, g = d["w"], d["o"], d["k"], d["p"], d["groups"]
+    kh, kw, sh, sw, ph, pw = d["geom"][:6]
+    if "x_scale" in node.attrs:
+        d.update(_int8_consts(eng, node, w))
+        d["w2"] = w.reshape(o, k // g)
+        d["kind"] = "int8"
+        item = 1
+    else:
+        d["b"] = eng._params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
+        if g > 1 and w.shape[1] == 1:
+            d["kind"] = "direct"
+            return d
+        if g == 1 and kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
+            d["kind"] = "pointwise"
+            d["w2"] = w.reshape(o, k)
+            return d
+        d["kind"] = "im2col"
+        d["w2"] = w.reshape(g, o // g, k // g)
+        item = 4
+    per_image = k * p * item
+    d["chunk"] = max(1, min(eng.max_batch, _SCRATCH_BYTES // per_image))
+    d["scratch_bytes"] = d["chunk"] * per_image
+    return d
+
+
+_PREPARE = {"linear": _prep_linear, "conv2d": _prep_conv2d}
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
+    d, a = eng._prep[step], node.attrs
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    if "w" in d:  # int8
+        return [partial(ki.gemm_q, y.reshape(n, -1, 1), x.reshape(n, 1, -1), d["w"], d["bias_adj"],
+                        d["m"], 1, d["to_int8"], d["y_zp"], d["lo"], d["relu"])]
+    return [partial(np.matmul, x, d["wT"], out=y),
+            partial(kf.bias_act, y.reshape(n, -1, 1), d["b"], _act_code(a), a["alpha"])]
+
+
+def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
+    d, a = eng._prep[step], node.attrs
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    o, k, p, g, geom = d["o"], d["k"], d["p"], d["groups"], d["geom"]
+    act, alpha = _act_code(a), a["alpha"]
+    if d["kind"] == "direct":
+        return [partial(kf.conv2d_direct, y, x, d["w"], d["b"], *geom[2:], act, alpha)]
+    y3 = y.reshape(n, o, p)
+    if d["kind"] == "pointwise":
+        return [partial(np.matmul, d["w2"], x.reshape(n, k, p), out=y3),
+                partial(kf.bias_act, y3, d["b"], act, alpha)]
+    calls = []
+    for start in range(0, n, d["chunk"]):
+        m = min(d["chunk"], n - start)
+        xs, ys = x[start:start + m], y3[start:start + m]
+        if d["kind"] == "int8":
+            col = eng._scratch(step, np.int8, (m, p, k))
+            calls += [partial(ki.im2row, col, xs, *geom, np.int8(a["x_zero_point"])),
+                      partial(ki.gemm_q, ys, col, d["w2"], d["bias_adj"], d["m"], g, d["to_int8"], d["y_zp"],
+                              d["lo"], d["relu"])]
+        else:
+            col = eng._scratch(step, np.float32, (m, k, p))
+            calls += [partial(kf.im2col, col, xs, *geom, np.float32(0)),
+                      partial(np.matmul, d["w2"], col.reshape(m, g, k // g, p),
+                              out=ys.reshape(m, g, o // g, p)),
+                      partial(kf.bias_act, ys, d["b"], act, alpha)]
+    return calls
+
+
+def _b_unary(eng: Engine, step: int, node: Node, n: int) -> list:
+    a = node.attrs
+    code = kf.ACT["gelu_tanh" if a.get("approximate") == "tanh" else node.op]
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    return [partial(kf.unary, y.reshape(-1), x.reshape(-1), code, a.get("alpha", 0.0))]
+
+
+def _pool_geom(a: dict) -> tuple[int, ...]:
+    k = a["kernel"]
+    s = a.get("stride") or k
+    return (k[0], k[1], s[0], s[1], a["padding"][0], a["padding"][1])
+
+
+def _b_maxpool2d(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    return [partial(kf.maxpool2d, y, x, *_pool_geom(node.attrs))]
+
+
+def _b_avgpool2d(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    return [partial(kf.avgpool2d, y, x, *_pool_geom(node.attrs), node.attrs["count_include_pad"])]
+
+
+def _b_global_avgpool(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    return [partial(kf.global_avgpool, y.reshape(n, -1), x.reshape(n, x.shape[1], -1))]
+
+
+def _b_batchnorm(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    params = [eng._params[v] for v in node.inputs[1:]]
+    return [partial(kf.batchnorm, y.reshape(n, y.shape[1], -1), x.reshape(n, x.shape[1], -1),
+                    *params, node.attrs["eps"])]
+
+
+def _b_alias(eng, step, node, n):
+    return []
+
+
+def _b_add(eng, step, node, n):
+    a, b = (eng._view(v, n) for v in node.inputs)
+    y = eng._view(node.outputs[0], n)
+    if a.shape == b.shape == y.shape:
+        return [partial(kf.add, y.reshape(-1), a.reshape(-1), b.reshape(-1))]
+    return [partial(np.add, a, b, out=y)]
+
+
+def _b_concat(eng, step, node, n):
+    y = eng._view(node.outputs[0], n)
+    axis = node.attrs["axis"] % y.ndim
+    rows = math.prod(y.shape[:axis])
+    y2 = y.reshape(rows, -1)
+    calls, start = [], 0
+    for v in node.inputs:
+        x2 = eng._view(v, n).reshape(rows, -1)
+        calls.append(partial(kf.copy_cols, y2, x2, start))
+        start += x2.shape[1]
+    return calls
+
+
+def _b_softmax(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    axis = node.attrs["axis"] % x.ndim
+    shape = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
+    return [partial(kf.softmax, y.reshape(shape), x.reshape(shape))]
+
+
+def _b_quantize(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    a = node.attrs
+    kernel = ki.quantize if node.op == "quantize" else ki.dequantize
+    return [partial(kernel, y.reshape(-1), x.reshape(-1), a["scale"], a["zero_point"])]
+
+
+_BUILDERS = {
+    "linear": _b_linear, "conv2d": _b_conv2d, "batchnorm": _b_batchnorm,
+    "relu": _b_unary, "leaky_relu": _b_unary, "sigmoid": _b_unary, "tanh": _b_unary,
+    "gelu": _b_unary, "maxpool2d": _b_maxpool2d, "avgpool2d": _b_avgpool2d,
+    "global_avgpool": _b_global_avgpool, "flatten": _b_alias, "reshape": _b_alias,
+    "dropout": _b_alias, "add": _b_add, "concat": _b_concat, "softmax": _b_softmax,
+    "quantize": _b_quantize, "dequantize": _b_quantize,
+}

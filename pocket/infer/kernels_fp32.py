@@ -1,0 +1,224 @@
+"""float32 kernels of the engine. Each is the optimized twin of an op in formats/reference.py.
+
+Every kernel writes into an output buffer passed in (the engine's arena) and allocates nothing.
+Convolutions are im2col into a scratch buffer plus one BLAS GEMM, called by the engine through
+`np.matmul(..., out=...)`: NumPy's own BLAS, so the edge install needs no SciPy (Numba's
+in-kernel `np.dot` would). Bias and activation are fused into one epilogue pass.
+
+Activation codes (ACT) are ints so that one compiled kernel serves them all.
+
+Numba caches compiled kernels on disk next to this file, or under NUMBA_CACHE_DIR when set
+(use it when the package folder is read-only).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+ACT = {"none": 0, "relu": 1, "leaky_relu": 2, "sigmoid": 3, "tanh": 4, "gelu": 5, "gelu_tanh": 6}
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
+@njit(cache=True, inline="always")
+def activate(v, act, alpha):
+    """One float64 value through activation code `act`; float64 so float32 rounds once."""
+    if act == 1:
+        return v if v > 0.0 else 0.0
+    if act == 2:
+        return v if v >= 0.0 else alpha * v
+    if act == 3:
+        return 1.0 / (1.0 + math.exp(-v))
+    if act == 4:
+        return math.tanh(v)
+    if act == 5:
+        return 0.5 * v * (1.0 + math.erf(v * _INV_SQRT2))
+    if act == 6:
+        return 0.5 * v * (1.0 + math.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)))
+    return v
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def bias_act(y, b, act, alpha):
+    """In place: y (N, O, P) += b (O,) (b may be empty), then the activation."""
+    n, o, p = y.shape
+    has_bias = b.shape[0] > 0
+    for r in prange(n * o):
+        row = y[r // o, r % o]
+        bo = b[r % o] if has_bias else np.float32(0.0)
+        if act == 0:
+            for i in range(p):
+                row[i] += bo
+        elif act == 1:
+            for i in range(p):
+                v = row[i] + bo
+                row[i] = v if v > 0 else np.float32(0.0)
+        else:
+            for i in range(p):
+                row[i] = activate(np.float64(row[i] + bo), act, alpha)
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def unary(out, x, act, alpha):
+    """out (M,) = activation(x (M,)); out may be x."""
+    for i in prange(x.shape[0]):
+        out[i] = activate(np.float64(x[i]), act, alpha)
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def im2col(col, x, kh, kw, sh, sw, ph, pw, dh, dw, pad):
+    """x (N, C, H, W) -> col (N, C*kh*kw, Ho*Wo), row (c, i, j) as in OIHW; outside = pad."""
+    n, c, h, w = x.shape
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    ho = col.shape[2] // wo
+    for nc in prange(n * c):
+        b, ch = nc // c, nc % c
+        for i in range(kh):
+            for j in range(kw):
+                row = col[b, (ch * kh + i) * kw + j]
+                for oh in range(ho):
+                    ih = oh * sh - ph + i * dh
+                    inside = 0 <= ih < h
+                    for ow in range(wo):
+                        iw = ow * sw - pw + j * dw
+                        row[oh * wo + ow] = x[b, ch, ih, iw] if inside and 0 <= iw < w else pad
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def conv2d_direct(out, x, w, b, sh, sw, ph, pw, dh, dw, act, alpha):
+    """x (N, C, H, W), w (O, C/g, kh, kw), b (O,) or empty -> out (N, O, Ho, Wo).
+
+    Direct loops: the engine uses it where im2col buys nothing (depthwise, C/g == 1).
+    """
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ho, wo = out.shape[2], out.shape[3]
+    og = o // (c // cg)
+    for no in prange(n * o):
+        bi, oc = no // o, no % o
+        c0 = (oc // og) * cg
+        bo = b[oc] if b.shape[0] > 0 else 0.0
+        for oh in range(ho):
+            for ow in range(wo):
+                acc = 0.0
+                for ci in range(cg):
+                    for i in range(kh):
+                        ih = oh * sh - ph + i * dh
+                        if 0 <= ih < h:
+                            for j in range(kw):
+                                iw = ow * sw - pw + j * dw
+                                if 0 <= iw < wd:
+                                    acc += x[bi, c0 + ci, ih, iw] * w[oc, ci, i, j]
+                out[bi, oc, oh, ow] = activate(acc + bo, act, alpha)
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def maxpool2d(out, x, kh, kw, sh, sw, ph, pw):
+    """x (N, C, H, W) f32 or i8 -> out (N, C, Ho, Wo); padding never wins."""
+    n, c, h, w = x.shape
+    ho, wo = out.shape[2], out.shape[3]
+    if ph == 0 and pw == 0:
+        _maxpool_valid(out, x, kh, kw, sh, sw)
+        return
+    for nc in prange(n * c):
+        b, ch = nc // c, nc % c
+        for oh in range(ho):
+            for ow in range(wo):
+                m = x[b, ch, max(oh * sh - ph, 0), max(ow * sw - pw, 0)]
+                for i in range(max(oh * sh - ph, 0), min(oh * sh - ph + kh, h)):
+                    for j in range(max(ow * sw - pw, 0), min(ow * sw - pw + kw, w)):
+                        if x[b, ch, i, j] > m:
+                            m = x[b, ch, i, j]
+                out[b, ch, oh, ow] = m
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def _maxpool_valid(out, x, kh, kw, sh, sw):
+    """maxpool2d without padding: every window is in bounds, so the loops carry no clamping."""
+    n, c = x.shape[0], x.shape[1]
+    ho, wo = out.shape[2], out.shape[3]
+    for nc in prange(n * c):
+        xs, os_ = x[nc // c, nc % c], out[nc // c, nc % c]
+        for oh in range(ho):
+            for ow in range(wo):
+                m = xs[oh * sh, ow * sw]
+                for i in range(kh):
+                    for j in range(kw):
+                        m = max(m, xs[oh * sh + i, ow * sw + j])
+                os_[oh, ow] = m
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def avgpool2d(out, x, kh, kw, sh, sw, ph, pw, count_include_pad):
+    """x (N, C, H, W) -> out (N, C, Ho, Wo); divisor kh*kw or the in-bounds count."""
+    n, c, h, w = x.shape
+    ho, wo = out.shape[2], out.shape[3]
+    for nc in prange(n * c):
+        b, ch = nc // c, nc % c
+        for oh in range(ho):
+            for ow in range(wo):
+                acc = 0.0
+                cnt = 0
+                for i in range(max(oh * sh - ph, 0), min(oh * sh - ph + kh, h)):
+                    for j in range(max(ow * sw - pw, 0), min(ow * sw - pw + kw, w)):
+                        acc += x[b, ch, i, j]
+                        cnt += 1
+                out[b, ch, oh, ow] = acc / (kh * kw if count_include_pad else cnt)
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def global_avgpool(out, x):
+    """x (N, C, P) -> out (N, C), mean over P in float64."""
+    n, c, p = x.shape
+    for nc in prange(n * c):
+        acc = 0.0
+        for i in range(p):
+            acc += x[nc // c, nc % c, i]
+        out[nc // c, nc % c] = acc / p
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def batchnorm(out, x, gamma, beta, mean, var, eps):
+    """x (N, C, P) -> out (N, C, P): (x - mean) / sqrt(var + eps) * gamma + beta per channel."""
+    n, c, p = x.shape
+    for nc in prange(n * c):
+        ch = nc % c
+        k = gamma[ch] / math.sqrt(np.float64(var[ch]) + eps)
+        for i in range(p):
+            out[nc // c, ch, i] = (x[nc // c, ch, i] - np.float64(mean[ch])) * k + beta[ch]
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def add(out, a, b):
+    """out (M,) = a (M,) + b (M,), same shapes (broadcasting goes through np.add)."""
+    for i in prange(out.shape[0]):
+        out[i] = a[i] + b[i]
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def softmax(out, x):
+    """x (A, L, B) -> out (A, L, B), softmax along L, max-shifted, summed in float64."""
+    a, l, b = x.shape
+    for r in prange(a * b):
+        i, k = r // b, r % b
+        m = x[i, 0, k]
+        for j in range(l):
+            m = max(m, x[i, j, k])
+        s = 0.0
+        for j in range(l):
+            s += math.exp(np.float64(x[i, j, k]) - m)
+        for j in range(l):
+            out[i, j, k] = math.exp(np.float64(x[i, j, k]) - m) / s
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def copy_cols(out, x, start):
+    """x (R, L) -> out[:, start:start+L] with out (R, M); concat writes each input this way."""
+    r, l = x.shape
+    for i in prange(r):
+        for j in range(l):
+            out[i, start + j] = x[i, j]

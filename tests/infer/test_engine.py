@@ -1,0 +1,145 @@
+"""The engine end to end: real .bin files, the reference, onnxruntime, memory and errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tracemalloc
+
+import numpy as np
+import pytest
+from models import FakeContainer, cnn_mnist, mlp, quantize_sequential, save_model, to_onnx
+
+from pocket.errors import PocketError
+from pocket.formats import reference as ref
+from pocket.formats.container import read_container
+from pocket.formats.errors import FormatError
+from pocket.infer import Engine, EngineError
+from pocket.infer import engine as engine_mod
+
+
+@pytest.fixture(scope="module")
+def mnist(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    g, p = cnn_mnist(rng)
+    x = rng.random((9, 1, 28, 28), dtype=np.float32)
+    path = save_model(tmp_path_factory.mktemp("m") / "cnn.bin", g, p)
+    gq, pq, qq = quantize_sequential(g, p, x)
+    qpath = save_model(tmp_path_factory.mktemp("m") / "cnn8.bin", gq, pq, qq)
+    return {"g": g, "p": p, "x": x, "path": path, "qpath": qpath}
+
+
+def test_fp32_bin_matches_reference(mnist):
+    with Engine(mnist["path"], max_batch=4) as eng:
+        assert eng.input_shape == (1, 28, 28) and eng.input_dtype == np.float32
+        assert eng.labels == [str(i) for i in range(10)] and eng.task == "classification"
+        got = eng.run(mnist["x"])  # 9 > max_batch: split into 4 + 4 + 1
+        with read_container(mnist["path"]) as c:
+            want = ref.run_container(c, mnist["x"])[c.graph.outputs[0]]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(eng.run(mnist["x"][:3]), want[:3], rtol=1e-5, atol=1e-5)
+
+
+def test_int8_bin_matches_reference_exactly(mnist):
+    with Engine(mnist["qpath"]) as eng, read_container(mnist["qpath"]) as c:
+        want = ref.run_container(c, mnist["x"])[c.graph.outputs[0]]
+        assert np.array_equal(eng.run(mnist["x"]), want)
+        ops = {n.op for n in eng.graph.nodes}
+        assert {"quantize", "conv2d", "maxpool2d", "flatten", "linear"} <= ops
+    fp32 = ref.run(mnist["g"], mnist["p"], mnist["x"])[mnist["g"].outputs[0]]
+    assert np.abs(want - fp32).max() < 0.1 * np.abs(fp32).max()
+
+
+def test_matches_onnxruntime(mnist, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(3)
+    for g, p in (cnn_mnist(rng, softmax=True), (mnist["g"], mnist["p"]), mlp(rng)):
+        sess = ort.InferenceSession(to_onnx(g, p), providers=["CPUExecutionProvider"])
+        x = rng.random((5, *g.inputs["x"].shape[1:]), dtype=np.float32)
+        with Engine(save_model(tmp_path / "m.bin", g, p)) as eng:
+            np.testing.assert_allclose(eng.run(x), sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_weights_are_views_of_the_mmap(mnist):
+    with Engine(mnist["path"]) as eng:
+        tensors = eng._container.tensors
+        for name, w in eng.weights().items():
+            assert np.shares_memory(w, tensors[name]) and not w.flags.writeable
+        for prep in eng._prep:
+            for key in ("w", "w2", "wT"):
+                if key in prep:
+                    assert any(np.shares_memory(prep[key], t) for t in tensors.values())
+
+
+def test_no_allocation_per_call(mnist):
+    for path in (mnist["path"], mnist["qpath"]):
+        with Engine(path) as eng:
+            x = mnist["x"][:7]
+            eng.run(x)
+            tracemalloc.start()
+            try:
+                eng.run(x)
+                base, _ = tracemalloc.get_traced_memory()
+                tracemalloc.reset_peak()
+                for _ in range(50):
+                    eng.run(x)
+                cur, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            # one (7, 10) f32 output is 280 bytes; a per-call array would show up in the peak
+            assert cur - base < 2048 and peak - base < 8192, (cur - base, peak - base)
+
+
+def test_arena_reuses_dead_buffers(mnist):
+    with Engine(mnist["path"], max_batch=8) as eng:
+        bufs = list(eng._buffers.values())
+        assert eng.arena_bytes < sum(b.nbytes for b in bufs)
+        for i, a in enumerate(bufs):  # buffers alive at the same step never share bytes
+            for b in bufs[i + 1:]:
+                if a.first <= b.last and b.first <= a.last:
+                    assert a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset
+        y1 = eng.run(mnist["x"][:2])
+        kept = eng.run(mnist["x"][:2], copy=True)
+        eng.run(mnist["x"][2:4])
+        assert not np.array_equal(y1, kept)  # the view was overwritten, the copy was not
+
+
+def test_errors(mnist, tmp_path, monkeypatch):
+    with Engine(mnist["path"]) as eng:
+        with pytest.raises(EngineError, match=r"shape \(N, 1, 28, 28\)"):
+            eng.run(np.zeros((2, 28, 28), np.float32))
+        with pytest.raises(EngineError, match="must be float32"):
+            eng.run(np.zeros((2, 1, 28, 28), np.complex64))
+    ck = save_model(tmp_path / "c.bin", mnist["g"], mnist["p"], kind="checkpoint")
+    with pytest.raises(FormatError, match="model"):
+        Engine(ck)
+    with read_container(ck) as c, pytest.raises(FormatError, match="model"):
+        Engine(c)
+    monkeypatch.delitem(engine_mod._BUILDERS, "maxpool2d")
+    monkeypatch.delitem(engine_mod._BUILDERS, "linear")
+    with pytest.raises(EngineError, match="linear, maxpool2d") as e:
+        Engine(mnist["path"])
+    assert isinstance(e.value, PocketError)
+
+
+def test_int8_weight_without_scales_is_rejected(mnist):
+    with read_container(mnist["qpath"]) as c:
+        fake = FakeContainer(c.graph, dict(c.tensors), {})
+        with pytest.raises(FormatError, match="per-output-channel scales"):
+            Engine(fake)
+
+
+def test_threads_and_warmup(mnist):
+    with Engine(mnist["path"], threads=1) as eng:
+        eng.warmup()
+        assert eng.run(mnist["x"][:1]).shape == (1, 10)
+    with pytest.raises(EngineError, match="threads"):
+        Engine(mnist["path"], threads=10_000)
+
+
+def test_import_pulls_in_no_heavy_modules():
+    code = ("import sys, pocket.infer, pocket.infer.app, pocket.infer.inputs\n"
+            "bad = [m for m in ('click', 'onnx', 'onnxruntime', 'cupy', 'PIL', 'pocket.train',"
+            " 'pocket.export', 'torch') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,209 @@
+"""Every engine kernel against its naive twin in formats/reference.py, on odd shapes.
+
+Each case is a one- or two-node graph run by the Engine (so the kernel is exercised with the
+views and scratch the plan gives it) and by the reference interpreter. fp32: rtol 1e-5 with an
+atol scaled to the magnitude of the terms summed; int8: equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from models import FakeContainer
+
+from pocket.formats import quant as qm
+from pocket.formats import reference as ref
+from pocket.formats.ir import Graph, Node, ValueInfo
+from pocket.infer import kernels_fp32 as kf
+from pocket.infer.engine import Engine
+
+RNG = np.random.default_rng(7)
+
+
+def _info(a):
+    return ValueInfo({np.float32: "f32", np.int8: "i8", np.int32: "i32"}[a.dtype.type], a.shape)
+
+
+def run_both(x, nodes, params, quant=None, outputs=None):
+    g = Graph({"x": ValueInfo("f32" if x.dtype == np.float32 else "i8", ("N", *x.shape[1:]))},
+              outputs or [nodes[-1].outputs[0]], nodes, {k: _info(v) for k, v in params.items()})
+    want = ref.run(g, params, x, quant)[g.outputs[0]]
+    with Engine(FakeContainer(g, params, quant), max_batch=8) as eng:
+        got = eng.run(x, copy=True)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    return got, want
+
+
+def assert_close(got, want, scale=1.0):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * scale)
+
+
+CONV_CASES = {  # (C, H, W, O, kh, kw, stride, padding, dilation, groups)
+    "3x3-pad": (3, 7, 9, 5, 3, 3, [1, 1], [1, 1], [1, 1], 1),
+    "1x1": (6, 5, 4, 7, 1, 1, [1, 1], [0, 0], [1, 1], 1),
+    "1x1-stride2": (4, 7, 6, 3, 1, 1, [2, 2], [0, 0], [1, 1], 1),
+    "nonsquare-stride": (2, 9, 8, 4, 3, 2, [2, 1], [1, 0], [1, 1], 1),
+    "dilation": (3, 9, 10, 4, 3, 3, [1, 2], [2, 1], [2, 2], 1),
+    "groups2": (4, 6, 7, 6, 3, 3, [1, 1], [1, 1], [1, 1], 2),
+    "depthwise": (5, 8, 6, 5, 3, 3, [2, 2], [1, 1], [1, 1], 5),
+    "depthwise-x2": (3, 6, 6, 6, 3, 2, [1, 1], [1, 0], [2, 1], 3),
+    "5x5-stride2": (3, 11, 12, 8, 5, 5, [2, 2], [2, 2], [1, 1], 1),
+}
+ACTS = ["none", "relu", "leaky_relu", "sigmoid", "tanh", "gelu"]
+
+
+def _conv_params(c, o, kh, kw, g, bias=True):
+    p = {"w": RNG.standard_normal((o, c // g, kh, kw)).astype(np.float32)}
+    if bias:
+        p["b"] = RNG.standard_normal(o).astype(np.float32)
+    return p
+
+
+@pytest.mark.parametrize("name", CONV_CASES)
+@pytest.mark.parametrize("n", [1, 7])
+def test_conv2d_fp32(name, n):
+    c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
+    params = _conv_params(c, o, kh, kw, g, bias=n == 7)
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    node = Node("conv", "conv2d", ["x", *params], ["y"],
+                {"stride": s, "padding": p, "dilation": d, "groups": g, "activation": "relu"})
+    got, want = run_both(x, [node], params)
+    assert_close(got, want, scale=c * kh * kw)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_conv2d_fp32_activations(act):
+    params = _conv_params(3, 4, 3, 3, 1)
+    x = RNG.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    node = Node("conv", "conv2d", ["x", "w", "b"], ["y"],
+                {"padding": [1, 1], "activation": act, "alpha": 0.3})
+    got, want = run_both(x, [node], params)
+    assert_close(got, want, scale=27)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("n", [1, 7])
+def test_linear_fp32(act, n):
+    params = {"w": RNG.standard_normal((5, 13)).astype(np.float32),
+              "b": RNG.standard_normal(5).astype(np.float32)}
+    x = RNG.standard_normal((n, 13)).astype(np.float32)
+    node = Node("fc", "linear", ["x", "w", "b"], ["y"], {"activation": act, "alpha": 0.05})
+    got, want = run_both(x, [node], params)
+    assert_close(got, want, scale=13)
+
+
+@pytest.mark.parametrize("op,attrs", [("relu", {}), ("leaky_relu", {"alpha": 0.2}), ("sigmoid", {}),
+                                      ("tanh", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}),
+                                      ("softmax", {"axis": 1}), ("softmax", {"axis": -1}),
+                                      ("softmax", {"axis": 2}), ("global_avgpool", {}),
+                                      ("dropout", {}), ("flatten", {}), ("reshape", {"shape": [15, -1]})])
+@pytest.mark.parametrize("n", [1, 7])
+def test_unary_ops(op, attrs, n):
+    x = (3 * RNG.standard_normal((n, 3, 5, 4))).astype(np.float32)
+    got, want = run_both(x, [Node("u", op, ["x"], ["y"], attrs)], {})
+    assert_close(got, want, scale=10)
+
+
+POOLS = [([2, 2], None, [0, 0]), ([3, 3], [2, 2], [1, 1]), ([3, 2], [1, 2], [1, 1]),
+         ([1, 1], [2, 2], [0, 0]), ([2, 3], [2, 1], [0, 1])]
+
+
+@pytest.mark.parametrize("k,s,p", POOLS)
+@pytest.mark.parametrize("n", [1, 7])
+def test_pools_fp32(k, s, p, n):
+    x = RNG.standard_normal((n, 3, 7, 9)).astype(np.float32)
+    got, want = run_both(x, [Node("m", "maxpool2d", ["x"], ["y"],
+                                  {"kernel": k, "stride": s, "padding": p})], {})
+    np.testing.assert_array_equal(got, want)
+    for cip in (True, False):
+        got, want = run_both(x, [Node("a", "avgpool2d", ["x"], ["y"], {
+            "kernel": k, "stride": s, "padding": p, "count_include_pad": cip})], {})
+        assert_close(got, want, scale=1)
+
+
+@pytest.mark.parametrize("shape", [(7, 6), (1, 4, 3, 5)])
+def test_batchnorm(shape):
+    c = shape[1]
+    params = {"g": RNG.random(c).astype(np.float32) + 0.5, "b": RNG.standard_normal(c).astype(np.float32),
+              "m": RNG.standard_normal(c).astype(np.float32), "v": RNG.random(c).astype(np.float32)}
+    x = RNG.standard_normal(shape).astype(np.float32)
+    got, want = run_both(x, [Node("bn", "batchnorm", ["x", "g", "b", "m", "v"], ["y"],
+                                  {"eps": 1e-3})], params)
+    assert_close(got, want, scale=10)
+
+
+def test_add_concat():
+    x = RNG.standard_normal((7, 4, 3, 2)).astype(np.float32)
+    params = {"c": RNG.standard_normal((4, 1, 1)).astype(np.float32)}
+    nodes = [Node("r", "relu", ["x"], ["r"]), Node("a", "add", ["x", "r"], ["a"]),
+             Node("b", "add", ["a", "c"], ["b"]),
+             Node("cat", "concat", ["b", "x", "a"], ["cat"], {"axis": 2}),
+             Node("cat2", "concat", ["cat", "cat"], ["y"], {"axis": 1})]
+    got, want = run_both(x, nodes, params)
+    assert_close(got, want, scale=10)
+
+
+def test_conv2d_direct_groups2():
+    """The direct kernel serves depthwise in the plan; check it on a general grouped conv too."""
+    x = RNG.standard_normal((2, 4, 7, 6)).astype(np.float32)
+    w = RNG.standard_normal((6, 2, 3, 2)).astype(np.float32)
+    b = RNG.standard_normal(6).astype(np.float32)
+    out = np.empty((2, 6, 4, 7), np.float32)
+    kf.conv2d_direct(out, x, w, b, 2, 1, 1, 1, 1, 1, kf.ACT["tanh"], 0.0)
+    a = {"stride": [2, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 2, "activation": "tanh"}
+    assert_close(out, ref.conv2d(a, x, w, b), scale=12)
+
+
+# --------------------------------------------------------------------------- int8
+
+
+def _int8_conv_params(c, o, kh, kw, g, x_scale, rng=RNG):
+    w_q, w_s = qm.quantize_weights(rng.standard_normal((o, c // g, kh, kw)).astype(np.float32))
+    b_q = qm.quantize_bias(rng.standard_normal(o).astype(np.float32), x_scale, w_s)
+    return {"w": w_q, "b": b_q}, {"w": {"scale": w_s.tolist(), "zero_point": [0] * o, "axis": 0}}
+
+
+@pytest.mark.parametrize("name", CONV_CASES)
+@pytest.mark.parametrize("n", [1, 7])
+@pytest.mark.parametrize("mode", ["i8-relu", "i8", "f32"])
+def test_conv2d_int8_exact(name, n, mode):
+    c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
+    xs, xzp = 0.05, 9  # a non-zero x_zp checks that padding holds x_zp
+    params, quant = _int8_conv_params(c, o, kh, kw, g, xs)
+    x_q = RNG.integers(-128, 128, (n, c, h, w)).astype(np.int8)
+    attrs = {"stride": s, "padding": p, "dilation": d, "groups": g, "x_scale": xs,
+             "x_zero_point": xzp, "activation": "relu" if mode == "i8-relu" else "none"}
+    if mode != "f32":
+        attrs.update(y_scale=0.07, y_zero_point=-5)
+    got, want = run_both(x_q, [Node("conv", "conv2d", ["x", "w", "b"], ["y"], attrs)], params, quant)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("n", [1, 7])
+@pytest.mark.parametrize("mode", ["i8-relu", "i8", "f32-relu"])
+def test_linear_int8_exact(n, mode):
+    w_q, w_s = qm.quantize_weights(RNG.standard_normal((9, 37)).astype(np.float32))
+    params = {"w": w_q, "b": qm.quantize_bias(RNG.standard_normal(9).astype(np.float32), 0.1, w_s)}
+    quant = {"w": {"scale": w_s.tolist(), "zero_point": [0] * 9, "axis": 0}}
+    attrs = {"x_scale": 0.1, "x_zero_point": -20, "activation": "relu" if "relu" in mode else "none"}
+    if mode.startswith("i8"):
+        attrs.update(y_scale=0.3, y_zero_point=11)
+    x_q = RNG.integers(-128, 128, (n, 37)).astype(np.int8)
+    got, want = run_both(x_q, [Node("fc", "linear", ["x", "w", "b"], ["y"], attrs)], params, quant)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("n", [1, 7])
+def test_quantize_maxpool_dequantize_exact(n):
+    # values on exact .5 steps check ties-to-even; large ones check saturation
+    x = np.concatenate([RNG.standard_normal((n, 2, 5, 7)) * 3,
+                        np.full((n, 1, 5, 7), 0.125), np.full((n, 1, 5, 7), 100.0)], axis=1)
+    x = x.astype(np.float32)
+    nodes = [Node("q", "quantize", ["x"], ["q"], {"scale": 0.05, "zero_point": 3}),
+             Node("m", "maxpool2d", ["q"], ["m"], {"kernel": [3, 2], "stride": [2, 2], "padding": [1, 1]}),
+             Node("f", "flatten", ["m"], ["f"])]
+    got, want = run_both(x, nodes, {})
+    assert got.dtype == np.int8 and np.array_equal(got, want)
+    nodes.append(Node("d", "dequantize", ["f"], ["y"], {"scale": 0.05, "zero_point": 3}))
+    got, want = run_both(x, nodes, {})
+    assert np.array_equal(got, want)
