@@ -153,8 +153,6 @@ def _layer_int8(node: Node, params, x_qp: tuple[float, int], y_qp: tuple[float, 
     if len(node.inputs) > 2:
         b_name = node.inputs[2]
         new_params[b_name] = Q.quantize_bias(params[b_name], x_scale, w_scale)
-        b_scale = (np.float64(x_scale) * w_scale.astype(np.float64)).astype(np.float32)
-        quant[b_name] = {"scale": b_scale.tolist(), "zero_point": [0] * o, "axis": 0}
         inputs.append(b_name)
     for old in list(new_params):
         if old in shared:

@@ -311,7 +311,9 @@ def check_quant(where: str, q: Any, dtype: str, shape: tuple[int, ...]) -> dict:
     lo, hi = QUANT_RANGES[dtype]
     for i, z in enumerate(zp):
         _uint(f"{where}.zero_point[{i}]", z, hi, lo)
-    return {"scale": [float(s) for s in scale], "zero_point": list(zp), "axis": axis}
+    # NOTE: scales are float32 values; the writer stores the shortest decimal that rounds back
+    # to the same float32, so every reader must round to float32 here.
+    return {"scale": [float(np.float32(s)) for s in scale], "zero_point": list(zp), "axis": axis}
 
 
 def _check_entry(i: int, e: Any, minor: int) -> TensorEntry:
@@ -592,7 +594,9 @@ def _norm_quant(name: str, q: Any, dtype: str, shape: tuple[int, ...]) -> dict:
     q = dict(q)
     try:
         if "scale" in q:
-            q["scale"] = [float(s) for s in np.ravel(np.asarray(q["scale"], dtype=np.float64))]
+            # Shortest float32 decimal: quant tables are a visible part of an int8 file's size.
+            q["scale"] = [float(str(s)) for s in
+                          np.ravel(np.asarray(q["scale"], dtype=np.float64)).astype(np.float32)]
         if "zero_point" in q:
             zp = np.ravel(np.asarray(q["zero_point"]))
             if zp.size and zp.dtype.kind not in "iu":

@@ -89,7 +89,11 @@ def test_int8_bin_and_onnx_agree(wide_ckpt, tmp_path):
     for name, t in m.tensors.items():
         assert np.array_equal(inits[name], t) and inits[name].dtype == t.dtype, name
     np.testing.assert_array_equal(inits["c3.w_scale"], np.float32(m.quant("c3.weight")["scale"]))
-    np.testing.assert_array_equal(inits["c3.b_scale"], np.float32(m.quant("c3.bias")["scale"]))
+    # The int32 bias carries no table of its own: its scale is x_scale * w_scale (QDQ's rule).
+    assert m.quant("c3.bias") is None
+    x_scale = next(n for n in m.graph.nodes if n.name == "c3").attrs["x_scale"]
+    np.testing.assert_allclose(inits["c3.b_scale"],
+                               np.float32(m.quant("c3.weight")["scale"]) * x_scale, rtol=1e-6)
     assert m.quant("c3.weight")["axis"] == 0 and set(m.quant("c3.weight")["zero_point"]) == {0}
 
 

@@ -1,0 +1,251 @@
+"""`pocket compare`: the same inputs through the training model, the `.bin` engine and
+onnxruntime; per pair the error metrics, per engine the accuracy, and gates that fail loudly.
+
+The training model is rebuilt from the checkpoint's config and fp32 weights and run by
+pocket.train in eval mode: that is the model the user trained, not its traced graph, so a
+tracing or export bug cannot hide by being on both sides of a comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from pocket.errors import PocketError
+
+# Default gates by the precision of the pair (the looser side decides).
+# fp32: exports must reproduce the training model to float32 rounding.
+# int8: outputs move by quantization noise; top-1 must rarely change.
+GATES = {
+    "fp32": {"atol": 1e-4, "rtol": 1e-4, "min_agreement": 0.99},
+    "int8": {"atol": None, "rtol": 0.1, "min_agreement": 0.97},
+}
+
+
+class CompareError(PocketError):
+    """Inputs or models that cannot be compared (shape mismatch, missing onnxruntime...)."""
+
+
+# --------------------------------------------------------------------------- engines
+
+def _training_model(ckpt: str):
+    from pocket.train import backend
+    from pocket.train.checkpoint import load_checkpoint
+    from pocket.train.models import build_model
+
+    ck = load_checkpoint(ckpt)
+    meta = ck["meta"]
+    ds = meta.get("dataset", {})
+    input_shape = tuple(ds.get("input_shape") or ck["graph"].inputs[
+        next(iter(ck["graph"].inputs))].shape[1:])
+    num_outputs = int(ck["graph"].output_infos()[0].shape[-1])
+    model = build_model(meta["config"]["model"], input_shape, num_outputs,
+                        np.random.default_rng(0))
+    model.load_state_dict({k: v for k, v in ck["state"].items()
+                           if k in dict(model.state_dict())})
+    model.eval()
+    model.to(backend.get_device("cpu"))
+    return model, ck
+
+
+def _run_training(model, x: np.ndarray, batch: int = 256) -> np.ndarray:
+    from pocket.train.tensor import Tensor, no_grad
+
+    outs = []
+    with no_grad():
+        for i in range(0, len(x), batch):
+            outs.append(np.asarray(model(Tensor(x[i:i + batch])).data, np.float32))
+    return np.concatenate(outs)
+
+
+def _run_bin(path: str, x: np.ndarray) -> tuple[np.ndarray, bool]:
+    from pocket.infer import Engine
+
+    with Engine(path, max_batch=min(64, max(1, len(x)))) as eng:
+        if tuple(eng.input_shape) != tuple(x.shape[1:]):
+            raise CompareError(f"{path}: the model takes inputs of shape {list(eng.input_shape)}, "
+                               f"the inputs have {list(x.shape[1:])}")
+        int8 = any(n.op == "quantize" or "x_scale" in n.attrs for n in eng.graph.nodes)
+        return np.array(eng.run(x, copy=True), np.float32), int8
+
+
+def _run_onnx(path: str, x: np.ndarray) -> tuple[np.ndarray, bool]:
+    try:
+        import onnx
+        import onnxruntime as ort
+    except ImportError:
+        raise CompareError("comparing an ONNX model needs onnxruntime: "
+                           "pip install 'pocketnn[onnx]'") from None
+    if not Path(path).is_file():
+        raise CompareError(f"{path}: no such file")
+    try:
+        model = onnx.load(path)
+    except Exception as e:  # noqa: BLE001 - onnx raises many types for a bad file
+        raise CompareError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
+    int8 = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001
+        raise CompareError(f"{path}: onnxruntime cannot load it: {e}") from None
+    name = sess.get_inputs()[0].name
+    outs = [sess.run(None, {name: x[i:i + 256]})[0] for i in range(0, len(x), 256)]
+    return np.concatenate(outs).astype(np.float32), int8
+
+
+# --------------------------------------------------------------------------- metrics
+
+def pair_metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict:
+    ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
+    diff = np.abs(out64 - ref64)
+    scale = float(np.abs(ref64).max()) if ref64.size else 0.0
+    a, b = ref64.ravel(), out64.ravel()
+    denom = float(np.linalg.norm(a) * np.linalg.norm(b))
+    noise = float(((ref64 - out64) ** 2).sum())
+    m = {
+        "max_abs": float(diff.max()) if diff.size else 0.0,
+        "max_rel": float(diff.max() / scale) if diff.size and scale > 0 else 0.0,
+        "mean_abs": float(diff.mean()) if diff.size else 0.0,
+        "cosine": float(a @ b / denom) if denom > 0 else 1.0,
+        "sqnr_db": (float(10 * np.log10((ref64**2).sum() / noise)) if noise > 0 else math.inf),
+    }
+    if classification and ref.ndim == 2 and ref.shape[1] > 1:
+        m["top1_agreement"] = float((ref.argmax(1) == out.argmax(1)).mean())
+    return m
+
+
+def _gate(metrics: dict, gates: dict) -> list[str]:
+    fails = []
+    if gates["atol"] is not None and metrics["max_abs"] > gates["atol"]:
+        fails.append(f"max_abs {metrics['max_abs']:.3g} > atol {gates['atol']:g}")
+    if gates["rtol"] is not None and metrics["max_rel"] > gates["rtol"]:
+        fails.append(f"max_rel {metrics['max_rel']:.3g} > rtol {gates['rtol']:g}")
+    agree = metrics.get("top1_agreement")
+    if gates["min_agreement"] is not None and agree is not None and agree < gates["min_agreement"]:
+        fails.append(f"top1_agreement {agree:.4f} < min_agreement {gates['min_agreement']:g}")
+    return fails
+
+
+# --------------------------------------------------------------------------- inputs
+
+def _inputs(ck: dict, data: str | None, inputs_path: str | None, random_n: int | None,
+            limit: int | None) -> tuple[np.ndarray, np.ndarray | None, str]:
+    shape = tuple(ck["meta"].get("dataset", {}).get("input_shape") or ())
+    if inputs_path:
+        try:
+            x = np.load(inputs_path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise CompareError(f"{inputs_path}: not a readable .npy array ({e})") from None
+        if isinstance(x, np.lib.npyio.NpzFile):
+            raise CompareError(f"{inputs_path}: give a .npy array, not an .npz archive")
+        x = np.asarray(x, np.float32)
+        if x.shape == shape:
+            x = x[None]
+        if tuple(x.shape[1:]) != shape:
+            raise CompareError(f"{inputs_path}: shape {list(x.shape)} does not fit the model's "
+                               f"input {['N', *shape]}")
+        source, y = inputs_path, None
+    elif random_n:
+        x = np.random.default_rng(0).standard_normal((random_n, *shape)).astype(np.float32)
+        source, y = f"random normal x {random_n}", None
+    else:
+        from pocket.train.data import load_dataset
+
+        cfg = ck["meta"]["config"]
+        src = data or cfg["data"]["source"]
+        ds = load_dataset(src, target=cfg["data"]["target"], task=cfg["data"]["task"],
+                          val_fraction=cfg["data"]["val_fraction"],
+                          test_fraction=cfg["data"]["test_fraction"],
+                          cache_dir=cfg["data"]["cache_dir"], seed=cfg["run"]["seed"],
+                          limit=cfg["data"]["limit"])
+        if tuple(ds.input_shape) != shape:
+            raise CompareError(f"dataset {src}: inputs {list(ds.input_shape)} do not fit the "
+                               f"model's {list(shape)}")
+        # NOTE: the checkpoint's normalization statistics are what the exports carry; the
+        # dataset is re-normalized identically because the split and statistics are seeded.
+        x, y, source = ds.test.x, ds.test.y, f"{src} (test split)"
+    if limit:
+        x = x[:limit]
+        y = None if y is None else y[:limit]
+    if len(x) == 0:
+        raise CompareError("no inputs to compare")
+    return np.ascontiguousarray(x, np.float32), y, source
+
+
+# --------------------------------------------------------------------------- main
+
+def compare(ckpt: str, *, bin_path: str | None = None, onnx_path: str | None = None,
+            data: str | None = None, inputs_path: str | None = None, random_n: int | None = None,
+            limit: int | None = None, atol: float | None = None, rtol: float | None = None,
+            min_agreement: float | None = None) -> dict:
+    """Run every engine on the same inputs; result["passed"] is False when a gate fails."""
+    model, ck = _training_model(ckpt)
+    task = ck["meta"].get("dataset", {}).get("task", "classification")
+    classification = task == "classification"
+    x, y, source = _inputs(ck, data, inputs_path, random_n, limit)
+    outputs = {"train": _run_training(model, x)}
+    precision = {"train": "fp32"}
+    paths = {"train": ckpt}
+    if bin_path:
+        outputs["bin"], int8 = _run_bin(bin_path, x)
+        precision["bin"], paths["bin"] = ("int8" if int8 else "fp32"), bin_path
+    if onnx_path:
+        outputs["onnx"], int8 = _run_onnx(onnx_path, x)
+        precision["onnx"], paths["onnx"] = ("int8" if int8 else "fp32"), onnx_path
+    for name, out in outputs.items():
+        if out.shape != outputs["train"].shape:
+            raise CompareError(f"{paths[name]}: output shape {list(out.shape)} differs from the "
+                               f"training model's {list(outputs['train'].shape)}")
+    engines = {}
+    for name, out in outputs.items():
+        e = {"path": paths[name], "precision": precision[name]}
+        if y is not None and classification:
+            e["accuracy"] = float((out.argmax(1) == y).mean())
+        elif y is not None:
+            e["mse"] = float(((out.reshape(len(y), -1) - y.reshape(len(y), -1)) ** 2).mean())
+        engines[name] = e
+    pairs, failures = [], []
+    names = list(outputs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            kind = "int8" if "int8" in (precision[a], precision[b]) else "fp32"
+            gates = dict(GATES[kind])
+            for key, val in (("atol", atol), ("rtol", rtol), ("min_agreement", min_agreement)):
+                if val is not None:
+                    gates[key] = val
+            m = pair_metrics(outputs[a], outputs[b], classification)
+            fails = _gate(m, gates)
+            pairs.append({"pair": f"{a} vs {b}", "precision": kind, "gates": gates,
+                          "metrics": m, "passed": not fails, "failures": fails})
+            failures += [f"{a} vs {b}: {f}" for f in fails]
+    return {"checkpoint": ckpt, "inputs": source, "samples": int(len(x)), "task": task,
+            "engines": engines, "pairs": pairs, "passed": not failures, "failures": failures}
+
+
+def render(r: dict) -> str:
+    lines = [f"compared {r['samples']} inputs from {r['inputs']}", ""]
+    lines.append(f"{'engine':<7} {'precision':<9} {'accuracy':>9}  file")
+    for name, e in r["engines"].items():
+        acc = f"{e['accuracy'] * 100:.2f}%" if "accuracy" in e else (
+            f"mse {e['mse']:.3g}" if "mse" in e else "-")
+        lines.append(f"{name:<7} {e['precision']:<9} {acc:>9}  {e['path']}")
+    lines.append("")
+    head = (f"{'pair':<15} {'max_abs':>9} {'max_rel':>9} {'mean_abs':>9} {'cosine':>9} "
+            f"{'sqnr_db':>8} {'top1':>7}  gate")
+    lines.append(head)
+    for p in r["pairs"]:
+        m = p["metrics"]
+        top1 = f"{m['top1_agreement'] * 100:.2f}%" if "top1_agreement" in m else "-"
+        lines.append(f"{p['pair']:<15} {m['max_abs']:>9.2e} {m['max_rel']:>9.2e} "
+                     f"{m['mean_abs']:>9.2e} {m['cosine']:>9.6f} {m['sqnr_db']:>8.1f} "
+                     f"{top1:>7}  {'pass' if p['passed'] else 'FAIL'} ({p['precision']})")
+    lines.append("")
+    if r["passed"]:
+        lines.append("PASS: every pair is within its gates")
+    else:
+        lines += [f"FAIL {f}" for f in r["failures"]]
+    return "\n".join(lines)

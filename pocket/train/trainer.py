@@ -1,0 +1,457 @@
+"""The training loop: data, model, optimizer, memory savers, metrics and checkpoints.
+
+Resume is exact because everything random is a pure function of saved state: the batch order
+and augmentation come from (seed, epoch), dropout from the backend RNG whose state each
+checkpoint stores, and the model, optimizer, schedule and loss scaler are restored in full.
+A checkpoint is written at the end of every epoch, so a run killed anywhere restarts from the
+last finished epoch and replays the rest identically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pocket import __version__
+from pocket.errors import PocketError
+from pocket.formats.ir import make_metadata
+from pocket.train import backend, memory, optim
+from pocket.train import functional as F
+from pocket.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from pocket.train.config import parse_size
+from pocket.train.data import Loader, load_dataset
+from pocket.train.models import build_model
+from pocket.train.tensor import Tensor, no_grad
+from pocket.train.trace import trace
+
+
+class Progress:
+    """A one-line progress bar on a terminal's stderr; silent elsewhere."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self._last = 0.0
+
+    def update(self, text: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self._last < 0.1 and done < total):
+            return
+        self._last = now
+        width = 24
+        filled = int(width * done / max(total, 1))
+        sys.stderr.write(f"\r{text} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}\x1b[K")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def _log(quiet: bool, msg: str) -> None:
+    if not quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Trainer:
+    """Train per a complete config (see config.py). `callbacks` get (trainer, epoch, step)
+    after every optimizer step; tests use them to interrupt a run at a chosen point."""
+
+    def __init__(self, cfg: dict, *, quiet: bool = False, callbacks=()):
+        self.cfg = cfg
+        self.quiet = quiet
+        self.callbacks = list(callbacks)
+        run, data_cfg, tr, mem = cfg["run"], cfg["data"], cfg["train"], cfg["memory"]
+        self.device = backend.get_device(run["device"])
+        if self.device.reason and run["device"] == "auto":
+            _log(quiet, f"device: {self.device} ({self.device.reason})")
+        self.seed = int(run["seed"])
+        backend.manual_seed(self.seed)
+        self.out = Path(run["out"] or Path("runs") / run["name"])
+        self.data = load_dataset(
+            data_cfg["source"], target=data_cfg["target"], task=data_cfg["task"],
+            val_fraction=data_cfg["val_fraction"], test_fraction=data_cfg["test_fraction"],
+            cache_dir=data_cfg["cache_dir"], seed=self.seed, limit=data_cfg["limit"],
+            **({"image_size": data_cfg["image_size"]} if data_cfg["image_size"] else {}))
+        self.task = self.data.task
+        self.loss_name = tr["loss"] or ("cross_entropy" if self.task == "classification" else "mse")
+        self.batch_size = tr["batch_size"]
+        self._init_rng = np.random.default_rng(self.seed)
+        self.model = self._build_model()
+        self.plan = None
+        self.micro_batch = self.batch_size // mem["accumulation"]
+        self.segments = int(mem["checkpointing"])
+        self.fp16_activations = bool(mem["fp16_activations"])
+        self.precision = mem["precision"]
+        if mem["budget"] is not None:
+            self._apply_budget(parse_size(mem["budget"]))
+        self._setup_precision()
+        self.model.to(self.device)
+        self.train_loader = Loader(self.data.train, self.batch_size, shuffle=True,
+                                   drop_last=tr["drop_last"] and len(self.data.train) >= self.batch_size,
+                                   seed=self.seed, augment=data_cfg["augment"] or None,
+                                   prefetch=data_cfg["prefetch"])
+        self.steps_per_epoch = len(self.train_loader)
+        if self.steps_per_epoch == 0:
+            raise PocketError(f"the training split has {len(self.data.train)} samples, fewer than "
+                              f"one batch of {self.batch_size}; lower --batch-size")
+        self.optimizer = self._build_optimizer()
+        self.schedule = self._build_schedule()
+        self.epoch = 0  # epochs finished
+        self.step = 0
+        self.history: list[dict] = []
+        self.best: dict | None = None
+        self.skipped_steps = 0
+
+    # ------------------------------------------------------------------ setup
+
+    def _build_model(self):
+        return build_model(self.cfg["model"], self.data.input_shape, self.data.num_outputs,
+                           self._init_rng)
+
+    def _apply_budget(self, budget: int) -> None:
+        from pocket.train.planner import plan_memory
+
+        def fresh():
+            return build_model(self.cfg["model"], self.data.input_shape, self.data.num_outputs,
+                               np.random.default_rng(self.seed))
+
+        self.plan = plan_memory(fresh, tuple(self.data.input_shape), self.data.num_outputs,
+                                self.task, self.batch_size, budget, device=self.device,
+                                optimizer=self.cfg["train"]["optimizer"],
+                                allow_fp16=self.device.kind == "cuda")
+        self.micro_batch = self.plan.micro_batch
+        self.segments = self.plan.checkpoint_segments
+        self.fp16_activations = self.plan.fp16_activations
+        if self.plan.precision != "fp32":
+            self.precision = self.plan.precision
+        _log(self.quiet, self.plan.describe())
+        if self.device.kind == "cuda":
+            backend.cap_gpu_pool(budget)
+
+    def _setup_precision(self) -> None:
+        from pocket.train.amp import LossScaler, MixedPrecision
+
+        mem = self.cfg["memory"]
+        self.amp = MixedPrecision(self.model, self.precision)
+        self.scaler = LossScaler(init_scale=mem["loss_scale"],
+                                 growth_interval=mem["growth_interval"],
+                                 enabled=self.precision == "fp16")
+
+    def _build_optimizer(self):
+        tr = self.cfg["train"]
+        params = self.amp.master_params()
+        if tr["optimizer"] == "sgd":
+            return optim.SGD(params, tr["lr"], momentum=tr["momentum"], nesterov=tr["nesterov"],
+                             weight_decay=tr["weight_decay"])
+        cls = optim.Adam if tr["optimizer"] == "adam" else optim.AdamW
+        return cls(params, tr["lr"], betas=tuple(tr["betas"]), eps=tr["eps"],
+                   weight_decay=tr["weight_decay"])
+
+    def _build_schedule(self):
+        tr = self.cfg["train"]
+        total = tr["epochs"] * self.steps_per_epoch
+        if tr["schedule"] == "cosine":
+            return optim.WarmupCosine(self.optimizer, total,
+                                      min(total - 1, tr["warmup_epochs"] * self.steps_per_epoch))
+        if tr["schedule"] == "step":
+            return optim.StepDecay(self.optimizer, tr["step_size"] * self.steps_per_epoch,
+                                   tr["gamma"])
+        return optim.StepDecay(self.optimizer, 1 << 62, 1.0)
+
+    # ------------------------------------------------------------------ one step
+
+    def _loss(self, out: Tensor, y) -> Tensor:
+        out = F.astype(out, np.float32) if out.dtype != np.float32 else out
+        if self.loss_name == "cross_entropy":
+            return F.cross_entropy(out, y, label_smoothing=self.cfg["train"]["label_smoothing"])
+        target = Tensor(y.reshape(out.shape) if y.size == out.size else y)
+        return {"mse": F.mse_loss, "l1": F.l1_loss, "huber": F.huber_loss}[self.loss_name](
+            out, target)
+
+    def _forward(self, x: Tensor) -> Tensor:
+        if self.segments > 1:
+            from pocket.train.recompute import checkpoint_sequential
+
+            return checkpoint_sequential(self.model, x, self.segments)
+        return self.model(x)
+
+    def _saved_fp16(self):
+        if not self.fp16_activations:
+            return contextlib.nullcontext()
+        from pocket.train.tensor import saved_activations_fp16
+
+        return saved_activations_fp16(True)
+
+    def train_step(self, xb: np.ndarray, yb: np.ndarray) -> tuple[float, int]:
+        """One optimizer step over a batch, in micro-batches; returns (mean loss, correct)."""
+        xp = self.device.xp
+        k = max(1, math.ceil(len(xb) / self.micro_batch))
+        self.amp.before_step()
+        total_loss, correct = 0.0, 0
+        for i in range(k):
+            xs = xb[i * self.micro_batch:(i + 1) * self.micro_batch]
+            ys = yb[i * self.micro_batch:(i + 1) * self.micro_batch]
+            x = Tensor(self.amp.cast_input(backend.to_device(xs, self.device)))
+            y = backend.to_device(ys, self.device)
+            with self._saved_fp16():
+                out = self._forward(x)
+                # NOTE: loss / k over equal micro-batches gives the batch-mean gradient exactly;
+                # a short last micro-batch is weighted by its share of the batch instead.
+                loss = self._loss(out, y)
+                weight = len(xs) / len(xb)
+                scaled = self.scaler.scale_loss(loss * weight)
+                scaled.backward()
+            total_loss += float(loss.item()) * weight
+            if self.task == "classification":
+                correct += int((xp.argmax(out.data, axis=1) == y).sum())
+            del out, loss, scaled
+        nonfinite = self.amp.grads_to_master(self.scaler.scale)
+        skip = self.scaler.update(nonfinite)
+        if not skip:
+            clip = self.cfg["train"]["clip_grad_norm"]
+            if clip:
+                optim.clip_grad_norm(self.optimizer.params, clip)
+            result = self.optimizer.step()
+            if not result:
+                skip = True
+                _log(self.quiet, f"step {self.step}: {result.reason}")
+        if skip:
+            self.skipped_steps += 1
+        self.optimizer.zero_grad()
+        self.amp.zero_model_grads()
+        self.schedule.step()
+        self.step += 1
+        return total_loss, correct
+
+    # ------------------------------------------------------------------ evaluation
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Eval-mode outputs (float32 NumPy) for model-ready inputs."""
+        was = self.model.training
+        self.model.eval()
+        outs = []
+        bs = self.cfg["train"]["eval_batch_size"]
+        with no_grad():
+            for i in range(0, len(x), bs):
+                xb = Tensor(self.amp.cast_input(backend.to_device(x[i:i + bs], self.device)))
+                outs.append(backend.to_numpy(self.model(xb).data).astype(np.float32))
+        self.model.train(was)
+        return np.concatenate(outs) if outs else np.zeros((0, self.data.num_outputs), np.float32)
+
+    def evaluate(self, split) -> dict:
+        if len(split) == 0:
+            return {}
+        out = self.predict(split.x)
+        if self.task == "classification":
+            z = out.astype(np.float64)
+            z -= z.max(axis=1, keepdims=True)
+            logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+            loss = float(-logp[np.arange(len(out)), split.y].mean())
+            return {"loss": loss, "accuracy": float((out.argmax(axis=1) == split.y).mean())}
+        y = split.y.reshape(out.shape).astype(np.float64)
+        err = out.astype(np.float64) - y
+        std = self.data.preprocessing.get("target", {}).get("std", 1.0)
+        std = np.asarray(std, np.float64)
+        return {"loss": float((err**2).mean()), "mae": float(np.abs(err * std).mean()),
+                "rmse": float(np.sqrt(((err * std) ** 2).mean()))}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _metadata(self, metrics: dict | None) -> dict:
+        return make_metadata(task=self.task, labels=self.data.labels,
+                             preprocessing=self.data.preprocessing, dataset=self.data.name,
+                             metrics=metrics, version=__version__)
+
+    def _calibration(self) -> tuple[np.ndarray, np.ndarray]:
+        n = min(self.cfg["run"]["calib_samples"], len(self.data.train))
+        idx = np.random.default_rng([self.seed, 7]).permutation(len(self.data.train))[:n]
+        idx.sort()
+        return self.data.train.x[idx], self.data.train.y[idx]
+
+    def save(self, path: Path, metrics: dict | None = None) -> None:
+        state = self.amp.fp32_state_dict()
+        self.model.eval()
+        graph, _ = trace(self.model, self.data.input_shape, self._metadata(metrics))
+        self.model.train()
+        calib_x, calib_y = self._calibration()
+        meta = {
+            "config": self.cfg,
+            "trainer": {"epoch": self.epoch, "step": self.step, "rng": backend.get_rng_state(),
+                        "skipped_steps": self.skipped_steps, "best": self.best,
+                        "schedule": self.schedule.state_dict(),
+                        "scaler": self.scaler.state_dict()},
+            "history": self.history,
+            "dataset": {"name": self.data.name, "task": self.task, "labels": self.data.labels,
+                        "input_shape": list(self.data.input_shape)},
+            "producer": {"name": "pocket", "version": __version__},
+        }
+        save_checkpoint(path, graph=graph, state=state, optimizer_state=self.optimizer.state_dict(),
+                        meta=meta, calib_x=calib_x, calib_y=calib_y)
+
+    def resume(self, path: str | Path) -> None:
+        ck = load_checkpoint(path)
+        saved_cfg = ck["meta"]["config"]
+        for section, key in (("model", None), ("data", "source"), ("train", "optimizer")):
+            a = saved_cfg.get(section) if key is None else saved_cfg.get(section, {}).get(key)
+            b = self.cfg[section] if key is None else self.cfg[section][key]
+            if a != b:
+                what = f"[{section}]" + (f" {key}" if key else "")
+                raise CheckpointError(f"{path}: was trained with a different {what}; resume "
+                                      "with the run's own config")
+        try:
+            self.amp.load_fp32_state_dict(ck["state"])
+            self.optimizer.load_state_dict(ck["optimizer"])
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{path}: does not fit this model: {e}") from None
+        t = ck["meta"]["trainer"]
+        self.epoch, self.step = int(t["epoch"]), int(t["step"])
+        self.skipped_steps = int(t.get("skipped_steps", 0))
+        self.best = t.get("best")
+        self.schedule.load_state_dict(t["schedule"])
+        self.scaler.load_state_dict(t["scaler"])
+        backend.set_rng_state(t["rng"])
+        self.history = list(ck["meta"].get("history", []))
+        if self.epoch >= self.cfg["train"]["epochs"]:
+            _log(self.quiet, f"checkpoint already finished {self.epoch} epochs; nothing to train "
+                             "(raise --epochs to continue)")
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self, resume: str | Path | None = None) -> dict:
+        tracker = memory.get_tracker()
+        tracker.reset_peak()
+        self.out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.resume(resume)
+        metrics_path = self.out / "metrics.jsonl"
+        _atomic_write_text(metrics_path, "".join(json.dumps(h) + "\n" for h in self.history))
+        epochs = self.cfg["train"]["epochs"]
+        progress = Progress(not self.quiet)
+        is_cls = self.task == "classification"
+        t_start = time.monotonic()
+        while self.epoch < epochs:
+            self.model.train()
+            t0 = time.monotonic()
+            loss_sum, correct, seen = 0.0, 0, 0
+            for i, (xb, yb) in enumerate(self.train_loader.epoch(self.epoch)):
+                loss, ok = self.train_step(xb, yb)
+                loss_sum += loss * len(xb)
+                correct += ok
+                seen += len(xb)
+                text = f"epoch {self.epoch + 1}/{epochs} loss {loss_sum / seen:.4f}"
+                progress.update(text, i + 1, self.steps_per_epoch)
+                for cb in self.callbacks:
+                    cb(self, self.epoch, i)
+            progress.clear()
+            self.epoch += 1
+            val = self.evaluate(self.data.val)
+            row = {"epoch": self.epoch, "step": self.step, "train_loss": loss_sum / max(seen, 1),
+                   "lr": self.optimizer.lr, "time_s": round(time.monotonic() - t0, 3),
+                   "skipped_steps": self.skipped_steps,
+                   "peak_bytes": tracker.total_peak}
+            if is_cls:
+                row["train_accuracy"] = correct / max(seen, 1)
+            if self.precision == "fp16":
+                row["loss_scale"] = self.scaler.scale
+            row.update({f"val_{k}": v for k, v in val.items()})
+            row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
+                   for k, v in row.items()}
+            self.history.append(row)
+            key = "val_accuracy" if is_cls and "val_accuracy" in row else "val_loss"
+            score = row.get(key, -row["train_loss"])
+            better = (self.best is None or
+                      (score > self.best["score"] if key == "val_accuracy" else
+                       isinstance(score, float) and score < self.best["score"]))
+            if better:
+                self.best = {"epoch": self.epoch, "metric": key, "score": score}
+            self.save(self.out / "last.ckpt", self._summary_metrics(row))
+            if better:
+                self.save(self.out / "best.ckpt", self._summary_metrics(row))
+            with open(metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            _log(self.quiet, self._epoch_line(row))
+        return self._finish(time.monotonic() - t_start, tracker)
+
+    def _summary_metrics(self, row: dict) -> dict:
+        return {k: v for k, v in row.items() if k.startswith("val_") or k == "epoch"}
+
+    def _epoch_line(self, row: dict) -> str:
+        parts = [f"epoch {row['epoch']:>3}", f"loss {row['train_loss']:.4f}"]
+        if "val_accuracy" in row:
+            parts.append(f"val acc {row['val_accuracy'] * 100:.2f}%")
+        elif "val_loss" in row:
+            parts.append(f"val loss {row['val_loss']:.4f}")
+        parts.append(f"lr {row['lr']:.2e}")
+        parts.append(f"{row['time_s']:.1f}s")
+        if row.get("skipped_steps"):
+            parts.append(f"skipped {row['skipped_steps']}")
+        return "  ".join(parts)
+
+    def _finish(self, seconds: float, tracker) -> dict:
+        best_path = self.out / "best.ckpt"
+        test = {}
+        if best_path.exists() and self.best is not None:
+            ck = load_checkpoint(best_path)
+            current = self.amp.fp32_state_dict()
+            self.amp.load_fp32_state_dict(ck["state"])
+            test = self.evaluate(self.data.test)
+            # The best checkpoint carries its final test metrics for the exported model.
+            metrics = {**self._summary_metrics(self.history[self.best["epoch"] - 1]),
+                       **{f"test_{k}": v for k, v in test.items()}}
+            self._rewrite_metadata(best_path, metrics)
+            self.amp.load_fp32_state_dict(current)
+        report = tracker.report()
+        gpu = backend.gpu_pool_stats() if self.device.kind == "cuda" else None
+        result = {
+            "run_dir": str(self.out),
+            "best_checkpoint": str(best_path),
+            "last_checkpoint": str(self.out / "last.ckpt"),
+            "epochs": self.epoch,
+            "steps": self.step,
+            "seconds": round(seconds, 2),
+            "device": str(self.device),
+            "precision": self.precision,
+            "micro_batch": self.micro_batch,
+            "accumulation": math.ceil(self.batch_size / self.micro_batch),
+            "checkpoint_segments": self.segments,
+            "fp16_activations": self.fp16_activations,
+            "best": self.best,
+            "test": test,
+            "final": self.history[-1] if self.history else {},
+            "memory": {k: v for k, v in report.items() if k != "table"},
+            "memory_table": report["table"],
+            "gpu_pool": gpu,
+            "plan": self.plan.describe() if self.plan else None,
+        }
+        with open(self.out / "summary.json.tmp", "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2, default=str)
+        os.replace(self.out / "summary.json.tmp", self.out / "summary.json")
+        return result
+
+    def _rewrite_metadata(self, path: Path, metrics: dict) -> None:
+        from pocket.formats.container import read_container, write_container
+
+        with read_container(path, expect_kind="checkpoint") as c:
+            graph = c.graph
+            graph.metadata = {**graph.metadata, "metrics": metrics}
+            tensors = {k: np.array(v) for k, v in c.tensors.items()}
+            meta = c.meta
+        write_container(path, kind="checkpoint", tensors=tensors, graph=graph, meta=meta)
+
