@@ -1,6 +1,7 @@
 """Shared test setup: GPU tests skip cleanly where CuPy or a CUDA device is missing."""
 
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +21,46 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not cuda_available():
             item.add_marker(skip)
+
+
+# --------------------------------------------------------------------------- a trained model
+# One real digits checkpoint for the whole run, shared by the export, compare and e2e tests.
+# Under pytest-xdist every worker asks for it; a file lock makes the first one train it and
+# the others wait and reuse it.
+
+# The main job's own config (examples/digits_cnn.toml) with fewer epochs: the same
+# architecture, so the checks on it (int8 file size, accuracy kept) are the real ones.
+DIGITS_TEST_EPOCHS = 6
+
+
+@pytest.fixture(scope="session")
+def digits_ckpt(tmp_path_factory) -> str:
+    import fcntl
+    import os
+
+    pytest.importorskip("sklearn")
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    folder = shared / "digits_ckpt"
+    folder.mkdir(exist_ok=True)
+    ckpt = folder / "run" / "best.ckpt"
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "done").exists():
+            from pocket.train.run import train_from_config
+
+            config = Path(__file__).parent.parent / "examples" / "digits_cnn.toml"
+            train_from_config(str(config), {"out": str(folder / "run"),
+                                            "epochs": DIGITS_TEST_EPOCHS}, quiet=True)
+            (folder / "done").write_text("ok")
+    return str(ckpt)
+
+
+@pytest.fixture(scope="session")
+def digits_test_data():
+    """The digits test split, preprocessed as the digits checkpoint was trained."""
+    pytest.importorskip("sklearn")
+    from pocket.train.data import load_dataset
+
+    ds = load_dataset("digits", seed=0)
+    return ds.test.x, ds.test.y

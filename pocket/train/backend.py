@@ -231,3 +231,28 @@ def gpu_kernel(name: str):
         ins, outs, body = _KERNEL_SOURCES[name]
         _kernels[name] = cp.ElementwiseKernel(ins, outs, body, f"pocket_{name}")
     return _kernels[name]
+
+
+# GPU memory pool: the budget cap and the numbers for the memory report.
+
+def cap_gpu_pool(budget_bytes: int | None) -> bool:
+    """Cap CuPy's default memory pool at `budget_bytes` (None or 0 lifts the cap), so a big
+    card fails like a small one would; returns False where there is no GPU."""
+    cp = _import_cupy()[0]
+    if cp is None:
+        return False
+    cp.get_default_memory_pool().set_limit(size=int(budget_bytes or 0))
+    return True
+
+
+def gpu_pool_stats() -> dict | None:
+    """{"used_bytes", "total_bytes", "limit_bytes"} of CuPy's default pool, None without a GPU.
+
+    used = bytes in live arrays; total = bytes the pool holds from the driver (used + cached).
+    """
+    cp = _import_cupy()[0]
+    if cp is None:
+        return None
+    pool = cp.get_default_memory_pool()
+    return {"used_bytes": int(pool.used_bytes()), "total_bytes": int(pool.total_bytes()),
+            "limit_bytes": int(pool.get_limit())}

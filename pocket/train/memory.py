@@ -9,6 +9,8 @@ cleared, optimizers for their state, and autograd nodes for the arrays they save
 
 from __future__ import annotations
 
+import contextlib
+
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 
 
@@ -89,3 +91,23 @@ def reset_tracker() -> MemoryTracker:
     """Start a fresh tracker (keys registered with the old one are forgotten)."""
     _tracker[0] = MemoryTracker()
     return _tracker[0]
+
+
+def gpu_pool_stats() -> dict | None:
+    """CuPy pool usage for the report on the GPU (None on CPU-only installs); the tracker
+    counts arrays pocket owns, the pool also holds workspaces and cached blocks."""
+    from pocket.train import backend
+
+    return backend.gpu_pool_stats()
+
+
+@contextlib.contextmanager
+def tracking():
+    """Count into a fresh tracker inside the block and restore the current one after, so a
+    measurement (the planner's probe step) neither sees nor disturbs the run's own numbers."""
+    prev = _tracker[0]
+    _tracker[0] = MemoryTracker()
+    try:
+        yield _tracker[0]
+    finally:
+        _tracker[0] = prev

@@ -45,41 +45,104 @@ def is_grad_enabled() -> bool:
     return _grad_enabled[0]
 
 
+_save_fp16 = [False]
+
+
+def set_saved_activations_fp16(enabled: bool) -> bool:
+    """Store float32 arrays that nodes save for backward as float16; returns the old value."""
+    prev = _save_fp16[0]
+    _save_fp16[0] = bool(enabled)
+    return prev
+
+
+@contextlib.contextmanager
+def saved_activations_fp16(enabled: bool = True):
+    """Within this block, `Node.save` keeps float32 activations as float16 copies (half the
+    bytes) and the backward reads them back as float32. Masks, indices and parameters are
+    kept as they are."""
+    prev = set_saved_activations_fp16(enabled)
+    try:
+        yield
+    finally:
+        _save_fp16[0] = prev
+
+
+# id(float32 array) -> (weakref to it, its float16 copy). An activation is usually saved by
+# two nodes (relu keeps its output, the next conv keeps the same array as its input); one
+# shared copy keeps the fp16 saving real instead of storing two halves of the same array.
+_fp16_copies: dict[int, tuple] = {}
+
+
+def _fp16_copy(a):
+    hit = _fp16_copies.get(id(a))
+    if hit is not None and hit[0]() is a:
+        return hit[1]
+    half = a.astype(np.float16)
+    key = id(a)
+    try:
+        ref = weakref.ref(a, lambda _r, key=key: _fp16_copies.pop(key, None))
+    except TypeError:  # an array type without weakrefs: no sharing, still correct
+        return half
+    _fp16_copies[key] = (ref, half)
+    return half
+
+
 class Node:
     """One recorded primitive call: what its backward needs, and where gradients go."""
 
-    __slots__ = ("op", "bwd", "parents", "needs", "saved", "attrs", "__weakref__")
+    __slots__ = ("op", "bwd", "parents", "needs", "_saved", "_half", "attrs", "__weakref__")
 
     def __init__(self, op: str, bwd, parents: tuple, needs: tuple) -> None:
         self.op = op
         self.bwd = bwd
         self.parents = parents  # per input: Node, leaf Tensor, or None
         self.needs = needs  # per input: does it need a gradient
-        self.saved: tuple | None = ()
+        self._saved: tuple | None = ()
+        self._half: tuple | None = None  # per saved array: stored as float16 for float32
         self.attrs: dict = {}
 
     def save(self, *arrays) -> None:
         tracker = get_tracker()
+        if _save_fp16[0]:
+            half = tuple(a is not None and a.dtype == np.float32 and not _is_parameter_array(a)
+                         for a in arrays)
+            if any(half):
+                arrays = tuple(_fp16_copy(a) if h else a for a, h in zip(arrays, half))
+                self._half = half
         for a in arrays:
             if a is not None and not _is_parameter_array(a):
                 tracker.alloc("activations", id(a), a.nbytes)
-        self.saved = arrays
+        self._saved = arrays
+
+    @property
+    def saved(self) -> tuple | None:
+        """The saved arrays as the forward gave them (float16-stored ones come back float32;
+        each read makes a transient float32 copy that lives only inside the backward)."""
+        if self._half is None or not self._saved:
+            return self._saved
+        return tuple(a.astype(np.float32) if h else a for a, h in zip(self._saved, self._half))
+
+    @saved.setter
+    def saved(self, arrays) -> None:
+        self._saved = arrays
+        self._half = None
 
     def saved_arrays(self) -> tuple:
         return self.saved or ()
 
     def release(self) -> None:
         """Drop saved arrays and parents; called right after this node's backward."""
-        if self.saved:
+        if self._saved:
             tracker = get_tracker()
-            for a in self.saved:
+            for a in self._saved:
                 if a is not None and not _is_parameter_array(a):
                     tracker.free("activations", id(a))
-        self.saved = None
+        self._saved = None
+        self._half = None
         self.parents = None
 
     def __del__(self) -> None:
-        if self.saved:
+        if self._saved:
             self.release()
 
 
@@ -192,7 +255,7 @@ class Tensor:
             if self.requires_grad:
                 _accumulate_leaf(self, gy)
             return
-        if self._node.saved is None:
+        if self._node._saved is None:
             raise RuntimeError("this graph was already freed by a backward(); "
                                "pass retain_graph=True to the first backward to run it twice")
         run_backward(self._node, gy, retain_graph)

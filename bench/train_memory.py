@@ -1,0 +1,139 @@
+"""Peak training memory: pocket vs PyTorch CPU at the same batch, memory savers off and on.
+
+    python bench/train_memory.py --models cnn_mnist,cnn_cifar --batch 32 --steps 2
+
+"on" means activation checkpointing in about sqrt(layers) segments for both frameworks
+(torch.utils.checkpoint.checkpoint_sequential) plus, for pocket, fp16 storage of saved
+activations (PyTorch has no CPU equivalent). Each measurement runs in a fresh subprocess;
+peak RSS growth over the process's baseline comes from /proc/self/status VmHWM, and for pocket
+also our tracker's total and activation peaks. A step is forward + cross entropy + backward +
+SGD(momentum). Writes bench/results/train_memory.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_step import MODELS, ROOT, _status_bytes, build_pocket, build_torch  # noqa: E402
+
+
+def worker(framework: str, model: str, batch: int, steps: int, savers: bool) -> dict:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch,) + MODELS[model]).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+    if framework == "pocket":
+        from pocket.train import functional as F
+        from pocket.train import kernels_cpu, optim  # noqa: F401 - load the JIT cache here
+        from pocket.train.memory import get_tracker
+        from pocket.train.recompute import checkpoint_sequential
+        from pocket.train.tensor import Tensor, saved_activations_fp16
+
+        base = _status_bytes("VmRSS")
+        net = build_pocket(model)
+        segments = round(math.sqrt(len(net))) if savers else 0
+        opt = optim.SGD(net, lr=0.01, momentum=0.9)
+        xt = Tensor(x)
+
+        def step():
+            with saved_activations_fp16(savers):
+                loss = F.cross_entropy(checkpoint_sequential(net, xt, segments), y)
+                net.zero_grad()
+                loss.backward()
+            opt.step()
+    else:
+        import torch
+        from torch.utils.checkpoint import checkpoint_sequential as torch_ckpt
+
+        base = _status_bytes("VmRSS")
+        net = build_torch(model)
+        segments = round(math.sqrt(len(net)))
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+        def step():
+            out = (torch_ckpt(net, segments, xt, use_reentrant=False) if savers else net(xt))
+            loss = torch.nn.functional.cross_entropy(out, yt)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    for _ in range(steps):
+        step()
+    out = {"peak_rss_delta": _status_bytes("VmHWM") - base}
+    if framework == "pocket":
+        t = get_tracker()
+        out.update(tracker_peak=t.total_peak, tracker_activations_peak=t.peak["activations"])
+    return out
+
+
+def run_one(framework, model, batch, steps, threads, savers) -> dict:
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "NUMBA_NUM_THREADS"):
+        env[var] = str(threads)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, __file__, "--worker", framework, "--models", model,
+           "--batch", str(batch), "--steps", str(steps)] + (["--savers"] if savers else [])
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if res.returncode:
+        raise RuntimeError(f"{framework} {model} b{batch} failed:\n{res.stderr}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="cnn_mnist,cnn_cifar")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--savers", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["pocket", "torch"], help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(a.worker, a.models, a.batch, a.steps, a.savers)))
+        return
+    try:
+        import torch  # noqa: F401
+
+        frameworks = ["pocket", "torch"]
+    except ImportError:
+        frameworks = ["pocket"]
+    rows = []
+    for model in a.models.split(","):
+        for savers in (False, True):
+            row = {"model": model, "batch": a.batch, "savers": "on" if savers else "off"}
+            for fw in frameworks:
+                r = run_one(fw, model, a.batch, a.steps, a.threads, savers)
+                row[f"{fw}_peak_mib"] = r["peak_rss_delta"] / 2**20
+                if fw == "pocket":
+                    row["pocket_tracker_mib"] = r["tracker_peak"] / 2**20
+                    row["pocket_activations_mib"] = r["tracker_activations_peak"] / 2**20
+            if "torch_peak_mib" in row:
+                row["mem_ratio"] = row["pocket_peak_mib"] / max(row["torch_peak_mib"], 1e-9)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "train_memory.json").write_text(json.dumps(rows, indent=2) + "\n")
+    cols = ["model", "batch", "savers", "pocket_peak_mib", "torch_peak_mib", "mem_ratio",
+            "pocket_tracker_mib", "pocket_activations_mib"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [f"{r[c]:.2f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
+                 for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    (out_dir / "train_memory.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
