@@ -7,6 +7,7 @@ being silently ignored.
 from __future__ import annotations
 
 import copy
+import decimal
 import difflib
 import re
 import sys
@@ -51,6 +52,12 @@ CHOICES = {
     ("data", "task"): (None, "classification", "regression"),
 }
 
+_AT_LEAST_1 = (("train", "epochs"), ("train", "batch_size"), ("memory", "accumulation"),
+               ("train", "eval_batch_size"), ("train", "step_size"), ("memory", "growth_interval"))
+_AT_LEAST_0 = (("run", "seed"), ("run", "calib_samples"), ("data", "prefetch"),
+               ("train", "warmup_epochs"), ("train", "weight_decay"), ("train", "eps"),
+               ("memory", "checkpointing"))
+
 # Command-line flag -> (section, key)
 FLAGS = {
     "data": ("data", "source"),
@@ -79,7 +86,8 @@ def parse_size(text: str | int) -> int:
     unit = m.group(2).lower() if m else None
     if not m or unit not in _SIZE_UNITS:
         raise ConfigError(f"cannot read memory size {text!r}; write it like 4GiB, 512MiB or 2GB")
-    value = int(float(m.group(1)) * _SIZE_UNITS[unit])
+    # NOTE: decimal, not float: float("8.2") * 10**6 is 8199999.999..., one byte short.
+    value = int(decimal.Decimal(m.group(1)) * _SIZE_UNITS[unit])
     if value <= 0:
         raise ConfigError(f"memory size must be positive, got {text!r}")
     return value
@@ -138,16 +146,35 @@ def merge(raw: dict, where: str = "config") -> dict:
             shown = ", ".join(c for c in choices if c)
             raise ConfigError(f"{where}: [{section}] {key} = {cfg[section][key]!r} is not one of "
                               f"{shown}")
-    for section, key in (("train", "epochs"), ("train", "batch_size"), ("memory", "accumulation")):
+    for section, key in _AT_LEAST_1:
         if cfg[section][key] < 1:
             raise ConfigError(f"{where}: [{section}] {key} must be at least 1")
-    if cfg["train"]["lr"] <= 0:
-        raise ConfigError(f"{where}: [train] lr must be positive")
+    for section, key in _AT_LEAST_0:
+        if cfg[section][key] < 0:
+            raise ConfigError(f"{where}: [{section}] {key} must not be negative")
+    tr = cfg["train"]
+    for key in ("lr", "gamma", "clip_grad_norm"):
+        if tr[key] is not None and tr[key] <= 0:
+            raise ConfigError(f"{where}: [train] {key} must be positive")
+    if cfg["memory"]["loss_scale"] <= 0:
+        raise ConfigError(f"{where}: [memory] loss_scale must be positive")
+    for key in ("momentum", "label_smoothing"):
+        if not 0 <= tr[key] < 1:
+            raise ConfigError(f"{where}: [train] {key} must be in [0, 1), got {tr[key]}")
+    betas = tr["betas"]
+    if len(betas) != 2 or not all(isinstance(b, int | float) and not isinstance(b, bool)
+                                  and 0 <= b < 1 for b in betas):
+        raise ConfigError(f"{where}: [train] betas must be two numbers in [0, 1), got {betas!r}")
+    if tr["optimizer"] == "sgd" and tr["nesterov"] and tr["momentum"] == 0:
+        raise ConfigError(f"{where}: [train] nesterov needs momentum > 0")
     if cfg["train"]["batch_size"] % cfg["memory"]["accumulation"]:
         raise ConfigError(f"{where}: [train] batch_size {cfg['train']['batch_size']} must be a "
                           f"multiple of [memory] accumulation {cfg['memory']['accumulation']}")
     if cfg["memory"]["budget"] is not None:
-        parse_size(cfg["memory"]["budget"])
+        try:
+            parse_size(cfg["memory"]["budget"])
+        except ConfigError as e:
+            raise ConfigError(f"{where}: [memory] budget: {e}") from None
     return cfg
 
 

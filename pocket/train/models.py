@@ -131,8 +131,13 @@ def _out_hw(size: int, k: int, s: int, p: int, d: int = 1) -> int:
 def from_layers(input_shape, num_outputs, layers: list[dict], rng=None) -> nn.Sequential:
     """Build a Sequential from a list of {type = "...", ...} tables; shapes are tracked so
     `in` sizes never need writing. The last linear may omit `out`: it becomes the head."""
+    if not isinstance(layers, list | tuple):
+        raise ModelError(f"[model] layers must be a list of tables, got {layers!r}")
     shape = tuple(input_shape)
     mods: list[nn.Module] = []
+    # The head is the last linear, which may still be followed by e.g. a softmax.
+    head = max((i for i, s in enumerate(layers) if isinstance(s, dict) and s.get("type") == "linear"),
+               default=-1)
     for i, spec in enumerate(layers):
         where = f"[model] layers[{i}]"
         if not isinstance(spec, dict) or "type" not in spec:
@@ -147,7 +152,7 @@ def from_layers(input_shape, num_outputs, layers: list[dict], rng=None) -> nn.Se
             raise ModelError(f"{where} ({kind}): unknown key(s) {', '.join(sorted(extra))}; "
                              f"it takes {', '.join(sorted(_LAYER_KEYS[kind])) or 'none'}")
         try:
-            m, shape = _layer(kind, spec, shape, num_outputs, i == len(layers) - 1, rng)
+            m, shape = _layer(kind, spec, shape, num_outputs, i == head, rng)
         except (TypeError, ValueError, IndexError) as e:
             raise ModelError(f"{where} ({kind}): {e} (input shape {list(shape)})") from None
         mods.append(m)
@@ -200,7 +205,7 @@ def _layer(kind, spec, shape, num_outputs, last, rng):
     if kind == "flatten":
         return nn.Flatten(), (int(np.prod(shape)),)
     if kind == "dropout":
-        return nn.Dropout(spec.get("p", 0.5)), shape
+        return nn.Dropout(_dropout_p(spec.get("p", 0.5))), shape
     if kind == "softmax":
         return nn.Softmax(spec.get("axis", -1)), shape
     if kind == "leaky_relu":
@@ -208,6 +213,30 @@ def _layer(kind, spec, shape, num_outputs, last, rng):
     if kind == "gelu":
         return nn.GELU(spec.get("approximate", "none")), shape
     return _ACTS[kind](), shape
+
+
+def _dropout_p(p):
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p < 1:
+        raise ValueError(f"dropout p must be a number in [0, 1), got {p!r}")
+    return p
+
+
+def _check_zoo_args(kwargs: dict) -> None:
+    """The [model] keys a zoo model takes, checked before they reach a constructor."""
+    for key in ("hidden", "channels"):
+        v = kwargs.get(key)
+        ok = isinstance(v, list | tuple) and v and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in v)
+        if v is not None and not ok:
+            raise ModelError(f"[model] {key} must be a non-empty list of positive integers, "
+                             f"got {v!r}")
+    w = kwargs.get("width")
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+        raise ModelError(f"[model] width must be a positive integer, got {w!r}")
+    try:
+        _dropout_p(kwargs.get("dropout", 0.0))
+    except ValueError as e:
+        raise ModelError(f"[model] {e}") from None
 
 
 def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Sequential:
@@ -224,4 +253,5 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
                          f"{list(input_shape)}; use mlp or mlp_regressor")
     kwargs = {k: model_cfg[k] for k in ("hidden", "channels", "dropout", "batchnorm", "width")
               if model_cfg.get(k) is not None}
+    _check_zoo_args(kwargs)
     return ZOO[name](tuple(input_shape), num_outputs, rng=rng, **kwargs)

@@ -381,9 +381,12 @@ class Trainer:
                        isinstance(score, float) and score < self.best["score"]))
             if better:
                 self.best = {"epoch": self.epoch, "metric": key, "score": score}
-            self.save(self.out / "last.ckpt", self._summary_metrics(row))
+            # NOTE: best before last. A kill between the two writes then resumes from the
+            # previous last.ckpt and replays this epoch; the other order would resume believing
+            # this epoch's best.ckpt was written when it was not.
             if better:
                 self.save(self.out / "best.ckpt", self._summary_metrics(row))
+            self.save(self.out / "last.ckpt", self._summary_metrics(row))
             with open(metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
             _log(self.quiet, self._epoch_line(row))
