@@ -33,9 +33,11 @@ checks a written file against every statement below):
                   "i8" | "u8" | "i32" | "i64", "shape": [int >= 0, ...] (at most 32 dims),
                   "offset": absolute file offset, "length": itemsize * prod(shape),
                   "crc32": CRC32 of the tensor's bytes, "quant" (optional, only for i8, u8 and
-                  i32): {"scale": [positive finite float, ...], "zero_point": [int in the dtype's
-                  range, ...], "axis": int | null}} with one scale/zero point per index of
-                  `axis`, or exactly one of each when axis is null (per tensor).
+                  i32): {"scale": [positive finite float32, ...], "zero_point": [int in the
+                  dtype's range, ...], "axis": int | null}} with one scale/zero point per index
+                  of `axis`, or exactly one of each when axis is null (per tensor). Scales are
+                  float32 values written as the shortest decimal that rounds back to them;
+                  readers round each to float32.
                   Every param of the graph has an entry of the same dtype and shape.
     [128+G, W)    zero bytes.
     [W, W+L)      data section: the tensors in table order, C order, little-endian. Entry i
@@ -311,9 +313,7 @@ def check_quant(where: str, q: Any, dtype: str, shape: tuple[int, ...]) -> dict:
     lo, hi = QUANT_RANGES[dtype]
     for i, z in enumerate(zp):
         _uint(f"{where}.zero_point[{i}]", z, hi, lo)
-    # NOTE: scales are float32 values; the writer stores the shortest decimal that rounds back
-    # to the same float32, so every reader must round to float32 here.
-    return {"scale": [float(np.float32(s)) for s in scale], "zero_point": list(zp), "axis": axis}
+    return {"scale": [float(s) for s in scale], "zero_point": list(zp), "axis": axis}
 
 
 def _check_entry(i: int, e: Any, minor: int) -> TensorEntry:
@@ -354,6 +354,9 @@ def _check_entry(i: int, e: Any, minor: int) -> TensorEntry:
     quant = e.get("quant")
     if quant is not None:
         quant = check_quant(f"{where}.quant", quant, dtype, tuple(shape))
+        # NOTE: scales are float32 values; the writer stores the shortest decimal that rounds
+        # back to the same float32, so the reader rounds to float32 here.
+        quant["scale"] = [float(np.float32(s)) for s in quant["scale"]]
     return TensorEntry(name, dtype, tuple(shape), offset, length, crc, quant)
 
 
