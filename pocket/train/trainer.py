@@ -79,8 +79,6 @@ class Trainer:
         self.callbacks = list(callbacks)
         run, data_cfg, tr, mem = cfg["run"], cfg["data"], cfg["train"], cfg["memory"]
         self.device = backend.get_device(run["device"])
-        if self.device.reason and run["device"] == "auto":
-            _log(quiet, f"device: {self.device} ({self.device.reason})")
         self.seed = int(run["seed"])
         backend.manual_seed(self.seed)
         self.out = Path(run["out"] or Path("runs") / run["name"])
@@ -210,7 +208,11 @@ class Trainer:
             ys = yb[i * self.micro_batch:(i + 1) * self.micro_batch]
             x = Tensor(self.amp.cast_input(backend.to_device(xs, self.device)))
             y = backend.to_device(ys, self.device)
-            with self._saved_fp16():
+            # NOTE: an fp16 overflow is expected now and then; the scaler sees the inf and
+            # skips the step, so the warnings NumPy raises on the way are noise.
+            quiet_fp16 = (np.errstate(over="ignore", invalid="ignore")
+                          if self.precision == "fp16" else contextlib.nullcontext())
+            with self._saved_fp16(), quiet_fp16:
                 out = self._forward(x)
                 # NOTE: loss / k over equal micro-batches gives the batch-mean gradient exactly;
                 # a short last micro-batch is weighted by its share of the batch instead.
@@ -222,7 +224,8 @@ class Trainer:
             if self.task == "classification":
                 correct += int((xp.argmax(out.data, axis=1) == y).sum())
             del out, loss, scaled
-        nonfinite = self.amp.grads_to_master(self.scaler.scale)
+        with np.errstate(over="ignore", invalid="ignore"):
+            nonfinite = self.amp.grads_to_master(self.scaler.scale)
         skip = self.scaler.update(nonfinite)
         if not skip:
             clip = self.cfg["train"]["clip_grad_norm"]
@@ -337,6 +340,8 @@ class Trainer:
     def fit(self, resume: str | Path | None = None) -> dict:
         tracker = memory.get_tracker()
         tracker.reset_peak()
+        if self.device.reason and self.cfg["run"]["device"] == "auto":
+            _log(self.quiet, f"device: {self.device} ({self.device.reason})")
         self.out.mkdir(parents=True, exist_ok=True)
         if resume:
             self.resume(resume)
