@@ -8,6 +8,11 @@ validates the graph, rejects every unsupported op in one error, and plans:
 - one static activation arena sized for `max_batch`: each value gets an offset by buffer
   liveness (a value's bytes are reused once no later node reads it), flatten/reshape/dropout
   are views of their input, and im2col scratch lives in the arena only during its node;
+- plan-level fusion: a conv2d whose only reader is an unpadded maxpool2d (and whose
+  activation is non-decreasing) writes the pooled output from its epilogue; the IR is unchanged;
+- int8 conv2d/linear with enough rows run as exact float32 BLAS GEMMs on the int8 codes; the
+  float32 copies of weights and inputs live in the node's scratch for that call only, so
+  arena_bytes counts them and the mmapped int8 weights stay the only lasting copy;
 - for each batch size seen, the bound calls (kernels with their views) are built once and
   cached, so `run()` after the first call of a batch size allocates no arrays.
 
@@ -46,6 +51,11 @@ _NP = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8, "i32
 _ALIGN = 64
 _SCRATCH_BYTES = 4 << 20  # im2col chunk target: a few MiB keeps the GEMM operands in cache
 _ALIAS_OPS = ("flatten", "reshape", "dropout")
+# An int8 conv/linear with at least this many output rows (batch x pixels) per weight runs as
+# float32 BLAS GEMMs on the int8 codes (exact, see kernels_int8.requant_sum): BLAS sgemm is 3-4x
+# faster than a vectorized int8 dot in Numba, and converting the weights each call costs one
+# pass over them, which this many rows amortize. Below it, the int8 dot kernel (gemm_q).
+_F32_ROUTE_ROWS = 16
 
 
 @dataclass
@@ -107,6 +117,8 @@ class Engine:
         self._sample = {v: _per_sample(info, f"value '{v}'") for v, info in self._infos.items()
                         if v not in graph.params}
         self._prep = [_PREPARE.get(n.op, _no_prep)(self, n) for n in graph.nodes]
+        self._pool_after = self._fusable_pools()
+        self._skip: set[int] = set()
         self._plan_arena()
         self._bound: dict[int, _Bound] = {}
 
@@ -172,6 +184,28 @@ class Engine:
 
     # ---- planning
 
+    def _fusable_pools(self) -> dict[int, int]:
+        """{conv step: maxpool step} where the conv's only reader is an unpadded maxpool and
+        its activation is non-decreasing: the conv's epilogue then writes the pooled output
+        directly (the IR keeps both nodes; a builder may still decline, e.g. a small batch)."""
+        readers: dict[str, list[int]] = {}
+        for step, node in enumerate(self.graph.nodes):
+            for v in node.inputs:
+                readers.setdefault(v, []).append(step)
+        fused = {}
+        for step, node in enumerate(self.graph.nodes):
+            out, a = node.outputs[0], node.attrs
+            steps = readers.get(out, [])
+            if (node.op != "conv2d" or out in self.graph.outputs or len(steps) != 1
+                    or self._prep[step].get("kind") not in ("im2col", "int8")):
+                continue
+            pool = self.graph.nodes[steps[0]]
+            act = kf.ACT[a.get("activation", "none")]
+            if (pool.op == "maxpool2d" and list(pool.attrs["padding"]) == [0, 0]
+                    and act in kf.MONOTONE_ACTS and a.get("alpha", 0.0) >= 0):
+                fused[step] = steps[0]
+        return fused
+
     def _plan_arena(self) -> None:
         g = self.graph
         root: dict[str, str] = {name: name for name in g.inputs}
@@ -199,6 +233,9 @@ class Engine:
             scratch = self._prep[step].get("scratch_bytes", 0)
             if scratch:
                 buffers[f"#scratch{step}"] = _Buffer(-(-scratch // _ALIGN) * _ALIGN, step, step)
+        for conv_step, pool_step in self._pool_after.items():
+            # a fused conv writes the pool's output while it still reads its input and scratch
+            buffers[root[g.nodes[pool_step].outputs[0]]].first = conv_step
         for o in g.outputs:
             if o not in root:
                 raise EngineError(f"output '{o}' is a param; this engine returns computed values")
@@ -218,10 +255,14 @@ class Engine:
         count = n * math.prod(shape) * dtype.itemsize
         return self._arena[buf.offset:buf.offset + count].view(dtype).reshape((n, *shape))
 
-    def _scratch(self, step: int, dtype, shape: tuple[int, ...]) -> np.ndarray:
+    def _scratch(self, step: int, dtype, shape: tuple[int, ...], at: int = 0) -> np.ndarray:
+        """A view of `step`'s scratch, `at` bytes (a multiple of 64) into it."""
         buf = self._buffers[f"#scratch{step}"]
         count = math.prod(shape) * np.dtype(dtype).itemsize
-        return self._arena[buf.offset:buf.offset + count].view(dtype).reshape(shape)
+        if at + count > buf.nbytes:
+            raise AssertionError(f"scratch overflow at step {step}")
+        start = buf.offset + at
+        return self._arena[start:start + count].view(dtype).reshape(shape)
 
     def _bind(self, n: int) -> _Bound:
         bound = self._bound.get(n)
@@ -229,8 +270,10 @@ class Engine:
             g = self.graph
             bound = _Bound({v: self._view(v, n) for v in g.inputs},
                            [self._view(o, n) for o in g.outputs])
+            self._skip = set()  # steps that an earlier builder fused away
             for step, node in enumerate(g.nodes):
-                bound.calls.extend(_BUILDERS[node.op](self, step, node, n))
+                if step not in self._skip:
+                    bound.calls.extend(_BUILDERS[node.op](self, step, node, n))
             self._bound[n] = bound
         return bound
 
@@ -366,10 +409,20 @@ def _int8_consts(eng: Engine, node: Node, w: np.ndarray) -> dict:
     }
 
 
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
 def _prep_linear(eng: Engine, node: Node) -> dict:
     w = eng._params[node.inputs[1]]
     if "x_scale" in node.attrs:
-        return {"w": w, **_int8_consts(eng, node, w)}
+        o, k = w.shape
+        kc = -(-k // ki.EXACT_K)
+        # float32 route scratch: weights, input rows, kc partial sums
+        sizes = (o * k * 4, eng.max_batch * k * 4, kc * eng.max_batch * o * 4)
+        scratch = sum(map(_aligned, sizes)) if eng.max_batch >= _F32_ROUTE_ROWS else 0
+        return {"w": w, "kc": kc, "sizes": sizes, "scratch_bytes": scratch,
+                **_int8_consts(eng, node, w)}
     b = eng._params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
     return {"wT": w.T, "b": b}
 
@@ -395,7 +448,15 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         d.update(_int8_consts(eng, node, w))
         d["w2"] = w.reshape(o, k // g)
         d["kind"] = "int8"
-        item = 1
+        d["kc"] = -(-k // ki.EXACT_K)
+        # float32 route (groups == 1): weights (O, K) f32 once, then per image col (K, P) f32
+        # and kc partial sums (O, P) f32; it also covers the int8 im2row route's (P, K) i8.
+        d["w_bytes"] = _aligned(o * k * 4) if g == 1 else 0
+        per_image = k * p * 4 + (d["kc"] * o * p * 4 if g == 1 else 0)
+        d["chunk"] = max(1, min(eng.max_batch, _SCRATCH_BYTES // per_image))
+        d["scratch_bytes"] = d["w_bytes"] + _aligned(d["chunk"] * k * p * 4) + d["chunk"] * (
+            per_image - k * p * 4)
+        return d
     else:
         d["b"] = eng._params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
         if g > 1 and w.shape[1] == 1:
@@ -407,8 +468,7 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
             return d
         d["kind"] = "im2col"
         d["w2"] = w.reshape(g, o // g, k // g)
-        item = 4
-    per_image = k * p * item
+    per_image = k * p * 4
     d["chunk"] = max(1, min(eng.max_batch, _SCRATCH_BYTES // per_image))
     d["scratch_bytes"] = d["chunk"] * per_image
     return d
@@ -424,8 +484,22 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
     d, a = eng._prep[step], node.attrs
     x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
     if "w" in d:  # int8
-        return [partial(ki.gemm_q, y.reshape(n, -1, 1), x.reshape(n, 1, -1), d["w"], d["bias_adj"],
-                        d["m"], 1, d["to_int8"], d["y_zp"], d["lo"], d["relu"])]
+        epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+        w = d["w"]
+        o, k = w.shape
+        if n < _F32_ROUTE_ROWS:
+            return [partial(ki.gemm_q, y.reshape(n, o, 1), x.reshape(n, 1, k), w, epi[0], epi[1], 1,
+                            *epi[2:])]
+        at = [0, _aligned(d["sizes"][0]), _aligned(d["sizes"][0]) + _aligned(d["sizes"][1])]
+        wf = eng._scratch(step, np.float32, (o, k), at[0])
+        xf = eng._scratch(step, np.float32, (n, k), at[1])
+        yf = eng._scratch(step, np.float32, (d["kc"], n, o), at[2])
+        calls = [partial(np.copyto, wf, w), partial(np.copyto, xf, x.reshape(n, k))]
+        for c in range(d["kc"]):
+            k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
+            calls.append(partial(np.matmul, xf[:, k0:k1], wf[:, k0:k1].T, out=yf[c]))
+        return [*calls, partial(ki.requant_sum, y.reshape(n, o, 1), yf.reshape(d["kc"], n, o, 1),
+                                *epi)]
     return [partial(np.matmul, x, d["wT"], out=y),
             partial(kf.bias_act, y.reshape(n, -1, 1), d["b"], _act_code(a), a["alpha"])]
 
@@ -442,10 +516,34 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
         return [partial(np.matmul, d["w2"], x.reshape(n, k, p), out=y3),
                 partial(kf.bias_act, y3, d["b"], act, alpha)]
     calls = []
+    # a fused maxpool: the conv writes the pooled output; its own output buffer goes unused
+    pool, pool_geom, x_w = None, (), y.shape[3]
+    pstep = eng._pool_after.get(step)
+    if pstep is not None and (d["kind"] == "im2col" or (g == 1 and n * p >= _F32_ROUTE_ROWS)):
+        pnode = eng.graph.nodes[pstep]
+        pool, pool_geom = eng._view(pnode.outputs[0], n), _pool_geom(pnode.attrs)[:4]
+        eng._skip.add(pstep)
     for start in range(0, n, d["chunk"]):
         m = min(d["chunk"], n - start)
         xs, ys = x[start:start + m], y3[start:start + m]
-        if d["kind"] == "int8":
+        if d["kind"] == "int8" and g == 1 and n * p >= _F32_ROUTE_ROWS:
+            if start == 0:
+                calls.append(partial(np.copyto, eng._scratch(step, np.float32, (o, k)), d["w2"]))
+            wf = eng._scratch(step, np.float32, (o, k))
+            col = eng._scratch(step, np.float32, (m, k, p), d["w_bytes"])
+            yf = eng._scratch(step, np.float32, (d["kc"], m, o, p),
+                              d["w_bytes"] + _aligned(d["chunk"] * k * p * 4))
+            calls.append(partial(kf.im2col, col, xs, *geom, np.float32(a["x_zero_point"])))
+            for c in range(d["kc"]):
+                k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
+                calls.append(partial(np.matmul, wf[:, k0:k1], col[:, k0:k1], out=yf[c]))
+            epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+            if pool is None:
+                calls.append(partial(ki.requant_sum, ys, yf, *epi))
+            else:
+                calls.append(partial(ki.requant_sum_pool, pool[start:start + m], yf, x_w, *pool_geom,
+                                     *epi))
+        elif d["kind"] == "int8":
             col = eng._scratch(step, np.int8, (m, p, k))
             calls += [partial(ki.im2row, col, xs, *geom, np.int8(a["x_zero_point"])),
                       partial(ki.gemm_q, ys, col, d["w2"], d["bias_adj"], d["m"], g, d["to_int8"], d["y_zp"],
@@ -455,7 +553,9 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             calls += [partial(kf.im2col, col, xs, *geom, np.float32(0)),
                       partial(np.matmul, d["w2"], col.reshape(m, g, k // g, p),
                               out=ys.reshape(m, g, o // g, p)),
-                      partial(kf.bias_act, ys, d["b"], act, alpha)]
+                      partial(kf.bias_act, ys, d["b"], act, alpha) if pool is None else
+                      partial(kf.bias_act_pool, pool[start:start + m], ys, x_w, *pool_geom, d["b"],
+                              act, alpha)]
     return calls
 
 

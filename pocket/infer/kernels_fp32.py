@@ -222,3 +222,34 @@ def copy_cols(out, x, start):
     for i in prange(r):
         for j in range(l):
             out[i, start + j] = x[i, j]
+
+
+MONOTONE_ACTS = (0, 1, 2, 3, 4)  # non-decreasing (leaky_relu with alpha >= 0): pool commutes
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def bias_act_pool(out, y, wd, kh, kw, sh, sw, b, act, alpha):
+    """y (N, O, H*W) with row width wd -> out (N, O, Ho, Wo) = maxpool(act(y + b)), unpadded.
+
+    NOTE: exact for a non-decreasing activation: float32 rounding of v + b and the activation
+    preserve order, so the max can be taken before them; one activation per output.
+    """
+    n, o = y.shape[0], y.shape[1]
+    ho, wo = out.shape[2], out.shape[3]
+    has_bias = b.shape[0] > 0
+    for r in prange(n * o):
+        bi, oc = r // o, r % o
+        row = y[bi, oc]
+        bo = b[oc] if has_bias else np.float32(0.0)
+        for oh in range(ho):
+            for ow in range(wo):
+                base = oh * sh * wd + ow * sw
+                m = row[base]
+                for i in range(kh):
+                    for j in range(kw):
+                        m = max(m, row[base + i * wd + j])
+                v = m + bo
+                if act == 1:
+                    out[bi, oc, oh, ow] = v if v > 0 else np.float32(0.0)
+                else:
+                    out[bi, oc, oh, ow] = activate(np.float64(v), act, alpha)

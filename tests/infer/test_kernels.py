@@ -207,3 +207,113 @@ def test_quantize_maxpool_dequantize_exact(n):
     nodes.append(Node("d", "dequantize", ["f"], ["y"], {"scale": 0.05, "zero_point": 3}))
     got, want = run_both(x, nodes, {})
     assert np.array_equal(got, want)
+
+
+# --------------------------------------------------------------------------- planned fusions
+# and the exact float32 route of int8 GEMMs (kernels_int8.requant_sum)
+
+FUSED_POOLS = [([2, 2], None), ([3, 3], [2, 2]), ([3, 2], [2, 1]), ([1, 1], [2, 2])]
+
+
+@pytest.mark.parametrize("k,s", FUSED_POOLS)
+@pytest.mark.parametrize("n", [1, 7])
+@pytest.mark.parametrize("act", ["relu", "none", "leaky_relu", "gelu"])
+def test_conv_maxpool_fused_fp32(k, s, n, act):
+    params = _conv_params(3, 5, 3, 2, 1)
+    x = RNG.standard_normal((n, 3, 9, 8)).astype(np.float32)
+    nodes = [Node("conv", "conv2d", ["x", "w", "b"], ["c"],
+                  {"padding": [1, 0], "stride": [1, 1], "activation": act, "alpha": 0.1}),
+             Node("pool", "maxpool2d", ["c"], ["y"], {"kernel": k, "stride": s, "padding": [0, 0]})]
+    got, want = run_both(x, nodes, params)
+    assert_close(got, want, scale=18)
+
+
+@pytest.mark.parametrize("k,s", FUSED_POOLS)
+@pytest.mark.parametrize("n", [1, 7])
+@pytest.mark.parametrize("mode", ["i8-relu", "i8", "f32"])
+def test_conv_maxpool_fused_int8_exact(k, s, n, mode):
+    params, quant = _int8_conv_params(4, 6, 3, 3, 1, 0.05)
+    x_q = RNG.integers(-128, 128, (n, 4, 10, 7)).astype(np.int8)
+    attrs = {"padding": [1, 1], "stride": [1, 1], "x_scale": 0.05, "x_zero_point": -7,
+             "activation": "relu" if mode == "i8-relu" else "none"}
+    if mode != "f32":
+        attrs.update(y_scale=0.07, y_zero_point=4)
+    nodes = [Node("conv", "conv2d", ["x", "w", "b"], ["c"], attrs),
+             Node("pool", "maxpool2d", ["c"], ["y"], {"kernel": k, "stride": s, "padding": [0, 0]})]
+    got, want = run_both(x_q, nodes, params, quant)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("n", [1, 7])
+@pytest.mark.parametrize("shape", [(120, 4, 5, 3, 3), (1100, 3, 2, 1, 1)])
+def test_conv2d_int8_long_k_exact(n, shape):
+    """K > EXACT_K splits the float32 GEMM; extreme codes give the largest partial sums."""
+    c, h, w, kh, kw = shape
+    params, quant = _int8_conv_params(c, 8, kh, kw, 1, 0.01)
+    params["w"][:4] = -127
+    x_q = RNG.integers(-128, 128, (n, c, h, w)).astype(np.int8)
+    x_q[0] = -128
+    attrs = {"padding": [kh // 2, kw // 2], "x_scale": 0.01, "x_zero_point": 0,
+             "y_scale": 50.0, "y_zero_point": 0}
+    got, want = run_both(x_q, [Node("conv", "conv2d", ["x", "w", "b"], ["y"], attrs)], params, quant)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("n", [1, 7, 17])
+@pytest.mark.parametrize("k", [37, 1100, 2100])
+@pytest.mark.parametrize("mode", ["i8-relu", "f32"])
+def test_linear_int8_float_route_exact(n, k, mode):
+    """Batches of 16+ rows take the float32 GEMM route; 1 and 7 the int8 dot kernel."""
+    w_q, w_s = qm.quantize_weights(RNG.standard_normal((9, k)).astype(np.float32))
+    w_q[:3] = 127
+    params = {"w": w_q, "b": qm.quantize_bias(RNG.standard_normal(9).astype(np.float32), 0.1, w_s)}
+    quant = {"w": {"scale": w_s.tolist(), "zero_point": [0] * 9, "axis": 0}}
+    attrs = {"x_scale": 0.1, "x_zero_point": 3, "activation": "relu" if "relu" in mode else "none"}
+    if mode.startswith("i8"):
+        attrs.update(y_scale=500.0, y_zero_point=-2)
+    x_q = RNG.integers(-128, 128, (n, k)).astype(np.int8)
+    x_q[0] = 127
+    g = Graph({"x": ValueInfo("i8", ("N", k))}, ["y"],
+              [Node("fc", "linear", ["x", "w", "b"], ["y"], attrs)],
+              {name: _info(v) for name, v in params.items()})
+    want = ref.run(g, params, x_q, quant)["y"]
+    with Engine(FakeContainer(g, params, quant), max_batch=32) as eng:
+        assert np.array_equal(eng.run(x_q), want)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_fused_pool_with_batch_chunks(int8, monkeypatch):
+    """A fused conv writes the pool's output while later chunks still read the conv's input:
+    the arena must keep them apart (a tiny scratch budget forces one image per chunk)."""
+    from pocket.infer import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "_SCRATCH_BYTES", 256)
+    pool = {"kernel": [2, 2], "padding": [0, 0]}
+    x = RNG.standard_normal((7, 3, 12, 10)).astype(np.float32)
+    if int8:
+        p1, q1 = _int8_conv_params(3, 6, 3, 3, 1, 0.05)
+        p2, q2 = _int8_conv_params(6, 5, 3, 3, 1, 0.04)
+        params = {"w1": p1["w"], "b1": p1["b"], "w2": p2["w"], "b2": p2["b"]}
+        quant = {"w1": q1["w"], "w2": q2["w"]}
+        i8 = {"y_scale": 0.04, "y_zero_point": -3}
+        nodes = [Node("q", "quantize", ["x"], ["q"], {"scale": 0.05, "zero_point": 2}),
+                 Node("c1", "conv2d", ["q", "w1", "b1"], ["c1"], {
+                     "padding": [1, 1], "x_scale": 0.05, "x_zero_point": 2, "activation": "relu",
+                     **i8}),
+                 Node("p1", "maxpool2d", ["c1"], ["p1"], pool),
+                 Node("c2", "conv2d", ["p1", "w2", "b2"], ["c2"], {
+                     "padding": [1, 1], "x_scale": 0.04, "x_zero_point": -3, **i8}),
+                 Node("p2", "maxpool2d", ["c2"], ["y"], pool)]
+    else:
+        quant = None
+        params = {"w1": RNG.standard_normal((6, 3, 3, 3)).astype(np.float32),
+                  "w2": RNG.standard_normal((5, 6, 3, 3)).astype(np.float32)}
+        nodes = [Node("c1", "conv2d", ["x", "w1"], ["c1"], {"padding": [1, 1], "activation": "relu"}),
+                 Node("p1", "maxpool2d", ["c1"], ["p1"], pool),
+                 Node("c2", "conv2d", ["p1", "w2"], ["c2"], {"padding": [1, 1]}),
+                 Node("p2", "maxpool2d", ["c2"], ["y"], pool)]
+    got, want = run_both(x, nodes, params, quant)
+    if int8:
+        assert np.array_equal(got, want)
+    else:
+        assert_close(got, want, scale=300)
