@@ -5,32 +5,21 @@
 # Everything lands in runs/digits_cnn/ (override with RUN=...). About 2 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-VENV=${POCKET_VENV:-.venv}
+. scripts/venv.sh
+pocket_venv all main
 RUN=${RUN:-runs/digits_cnn}
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[main] creating $VENV" >&2
-  "$PY" -m venv "$VENV"
-fi
-stamp="$VENV/.pocket-all-installed"
-if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "[main] installing pocketnn[all] into $VENV" >&2
-  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-  "$VENV/bin/python" -m pip install -q -e ".[all]" >&2
-  touch "$stamp"
-fi
-export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba_cache}
 pocket="$VENV/bin/pocket"
+mkdir -p "$RUN"
 start=$(date +%s)
 
 echo "== 1/5 train" >&2
-"$pocket" train examples/digits_cnn.toml --out "$RUN" --json > "$RUN.train.json"
+"$pocket" train examples/digits_cnn.toml --out "$RUN"
 
 echo "== 2/5 export" >&2
-"$pocket" export "$RUN/best.ckpt" -o "$RUN/model.bin" --json > "$RUN.export-fp32.json"
-"$pocket" export "$RUN/best.ckpt" -o "$RUN/model.int8.bin" --int8 --json > "$RUN.export-int8.json"
+"$pocket" export "$RUN/best.ckpt" -o "$RUN/model.bin" --json > "$RUN/export-fp32.json"
+"$pocket" export "$RUN/best.ckpt" -o "$RUN/model.int8.bin" --int8 --json > "$RUN/export-int8.json"
 "$pocket" export "$RUN/best.ckpt" -o "$RUN/model.int8.onnx" --int8 --json \
-  > "$RUN.export-onnx.json"
+  > "$RUN/export-onnx.json"
 
 echo "== 3/5 a few test images as PNG files" >&2
 "$VENV/bin/python" scripts/digits_samples.py "$RUN/samples" 6
@@ -38,15 +27,15 @@ echo "== 3/5 a few test images as PNG files" >&2
 echo "== 4/5 infer on the edge engine" >&2
 "$pocket" infer "$RUN/model.int8.bin" "$RUN/samples" --top-k 2
 "$pocket" infer "$RUN/model.int8.bin" "$RUN/samples/$(ls "$RUN/samples" | head -n 1)" \
-  --bench 200 --threads 1 --batch-size 1 --json > "$RUN.infer-int8.json"
+  --bench 200 --threads 1 --batch-size 1 --json > "$RUN/infer-int8.json"
 "$pocket" infer "$RUN/model.bin" "$RUN/samples/$(ls "$RUN/samples" | head -n 1)" \
-  --bench 200 --threads 1 --batch-size 1 --json > "$RUN.infer-fp32.json"
+  --bench 200 --threads 1 --batch-size 1 --json > "$RUN/infer-fp32.json"
 
 echo "== 5/5 compare with the training model (test split)" >&2
-"$pocket" compare "$RUN/best.ckpt" --bin "$RUN/model.bin" --json > "$RUN.compare-fp32.json" || {
+"$pocket" compare "$RUN/best.ckpt" --bin "$RUN/model.bin" --json > "$RUN/compare-fp32.json" || {
   "$pocket" compare "$RUN/best.ckpt" --bin "$RUN/model.bin"; exit 1; }
 "$pocket" compare "$RUN/best.ckpt" --bin "$RUN/model.int8.bin" --onnx "$RUN/model.int8.onnx" \
-  --json > "$RUN.compare-int8.json" || {
+  --json > "$RUN/compare-int8.json" || {
   "$pocket" compare "$RUN/best.ckpt" --bin "$RUN/model.int8.bin" --onnx "$RUN/model.int8.onnx"
   exit 1; }
 

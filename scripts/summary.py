@@ -6,11 +6,11 @@ from pathlib import Path
 
 
 def load(run: str, step: str) -> dict:
-    return json.loads(Path(f"{run}.{step}.json").read_text())
+    return json.loads(Path(run, f"{step}.json").read_text())
 
 
 def main(run: str, seconds: int) -> None:
-    train = load(run, "train")
+    train = load(run, "summary")
     fp32, int8, onnx = load(run, "export-fp32"), load(run, "export-int8"), load(run, "export-onnx")
     lat8, lat32 = load(run, "infer-int8"), load(run, "infer-fp32")
     c32, c8 = load(run, "compare-fp32"), load(run, "compare-int8")

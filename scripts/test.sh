@@ -4,20 +4,8 @@
 #   ./scripts/test.sh -k conv    # extra arguments go to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-VENV=${POCKET_VENV:-.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[test] creating $VENV" >&2
-  "$PY" -m venv "$VENV"
-fi
-stamp="$VENV/.pocket-dev-installed"
-if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "[test] installing pocketnn[dev] into $VENV" >&2
-  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-  "$VENV/bin/python" -m pip install -q -e ".[dev]" >&2
-  touch "$stamp"
-fi
-export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba_cache}
+. scripts/venv.sh
+pocket_venv dev test
 echo "[test] ruff" >&2
 "$VENV/bin/ruff" check pocket tests bench examples scripts
 echo "[test] import contracts" >&2
