@@ -3,7 +3,15 @@
 Importing this package never imports CuPy; `backend` does that lazily on first GPU use.
 """
 
-from pocket.train import functional, init, nn, optim
+import os
+
+# NOTE: a training step alternates Numba's thread pool (im2col, pooling, batchnorm) with the
+# BLAS pool (GEMM). With OpenMP's default spin-waiting the idle pool burns the cores the busy
+# one needs: on 2 cores a digits CNN step went from 50 ms to 2 s. Passive waiting must be set
+# before the OpenMP runtime starts; a user's own setting wins. (pocket.infer does the same.)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pocket.train import functional, init, nn, optim  # noqa: E402
 from pocket.train.backend import (
     Device,
     get_array_module,
