@@ -28,7 +28,9 @@ def render(r: dict) -> str:
                                            if r["checkpoint_segments"] > 1 else "")
                  + (", fp16 saved activations" if r["fp16_activations"] else ""))
     if best:
-        lines.append(f"best epoch {best['epoch']}: {best['metric']} {best['score']:.4f}")
+        score = best["score"]
+        shown = f"{score:.4f}" if isinstance(score, float) else str(score)
+        lines.append(f"best epoch {best['epoch']}: {best['metric']} {shown}")
     test = r.get("test") or {}
     if "accuracy" in test:
         lines.append(f"test accuracy {test['accuracy'] * 100:.2f}%  (loss {test['loss']:.4f})")

@@ -379,13 +379,11 @@ class Trainer:
             row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                    for k, v in row.items()}
             self.history.append(row)
-            key = "val_accuracy" if is_cls and "val_accuracy" in row else "val_loss"
-            score = row.get(key, -row["train_loss"])
-            better = (self.best is None or
-                      (score > self.best["score"] if key == "val_accuracy" else
-                       isinstance(score, float) and score < self.best["score"]))
+            key, rank = self._rank(row)
+            better = self.best is None or rank > tuple(self.best["rank"])
             if better:
-                self.best = {"epoch": self.epoch, "metric": key, "score": score}
+                self.best = {"epoch": self.epoch, "metric": key, "score": row[key],
+                             "rank": list(rank)}
             # NOTE: best before last. A kill between the two writes then resumes from the
             # previous last.ckpt and replays this epoch; the other order would resume believing
             # this epoch's best.ckpt was written when it was not.
@@ -396,6 +394,21 @@ class Trainer:
                 f.write(json.dumps(row) + "\n")
             _log(self.quiet, self._epoch_line(row))
         return self._finish(time.monotonic() - t_start, tracker)
+
+    @staticmethod
+    def _rank(row: dict) -> tuple[str, tuple]:
+        """What "best" means: higher validation accuracy, ties broken by lower validation loss
+        (so a later, better-fitted epoch wins a tie); without labels for accuracy, the lowest
+        validation (else training) loss. Non-finite values rank last."""
+        def val(k):
+            v = row.get(k)
+            return v if isinstance(v, float) and math.isfinite(v) else None
+
+        if val("val_accuracy") is not None:
+            loss = val("val_loss")
+            return "val_accuracy", (row["val_accuracy"], -loss if loss is not None else -math.inf)
+        key = "val_loss" if "val_loss" in row else "train_loss"
+        return key, ((-val(key)) if val(key) is not None else -math.inf,)
 
     def _summary_metrics(self, row: dict) -> dict:
         return {k: v for k, v in row.items() if k.startswith("val_") or k == "epoch"}
