@@ -8,20 +8,24 @@ validates the graph, rejects every unsupported op in one error, and plans:
 - one static activation arena sized for `max_batch`: each value gets an offset by buffer
   liveness (a value's bytes are reused once no later node reads it), flatten/reshape/dropout
   are views of their input, and im2col scratch lives in the arena only during its node;
+- a conv2d (groups 1) runs per chunk of images as im2col into (C*kh*kw, chunk*Ho*Wo), one
+  sgemm, and one epilogue pass (bias, activation, a fused maxpool, back to NCHW);
 - plan-level fusion: a conv2d whose only reader is an unpadded maxpool2d (and whose
   activation is non-decreasing) writes the pooled output from its epilogue; the IR is unchanged;
 - int8 conv2d/linear with enough rows run as exact float32 BLAS GEMMs on the int8 codes; the
   float32 copies of weights and inputs live in the node's scratch for that call only, so
   arena_bytes counts them and the mmapped int8 weights stay the only lasting copy;
 - for each batch size seen, the bound calls (kernels with their views) are built once and
-  cached, so `run()` after the first call of a batch size allocates no arrays.
+  cached, so `run()` after the first call of a batch size allocates no arrays; calls with
+  little work (batch 1, small layers) run on the calling thread alone (see _PARALLEL_WORK).
 
 Arrays returned by `run()` are views into the arena, overwritten by the next call; pass
 `copy=True` to keep them. Batches larger than `max_batch` are split (and the result is a new
 array). Kernels are Numba functions compiled on first use and cached on disk (next to the
 package, or under NUMBA_CACHE_DIR when that is set); `warmup()` compiles them all up front.
 Numba kernels use `threads` threads; the BLAS GEMMs follow OPENBLAS_NUM_THREADS /
-OMP_NUM_THREADS, or `threads` when threadpoolctl is installed.
+OMP_NUM_THREADS, or `threads` when threadpoolctl is installed (without it, small GEMMs also
+keep BLAS's own thread count).
 """
 
 from __future__ import annotations
@@ -49,13 +53,17 @@ class EngineError(PocketError):
 _NP = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8, "i32": np.int32,
        "i64": np.int64}
 _ALIGN = 64
-_SCRATCH_BYTES = 4 << 20  # im2col chunk target: a few MiB keeps the GEMM operands in cache
+_SCRATCH_BYTES = 8 << 20  # im2col + GEMM result per chunk: a few MiB, in cache, few GEMM calls
 _ALIAS_OPS = ("flatten", "reshape", "dropout")
 # An int8 conv/linear with at least this many output rows (batch x pixels) per weight runs as
 # float32 BLAS GEMMs on the int8 codes (exact, see kernels_int8.requant_sum): BLAS sgemm is 3-4x
 # faster than a vectorized int8 dot in Numba, and converting the weights each call costs one
 # pass over them, which this many rows amortize. Below it, the int8 dot kernel (gemm_q).
 _F32_ROUTE_ROWS = 16
+# A call with less work than this (multiply-adds for a GEMM, 16 per element written for a
+# kernel) runs on the calling thread: below it a thread pool's wake-up and barrier cost more
+# than the work they share (batch 1, small layers).
+_PARALLEL_WORK = 1 << 22
 
 
 @dataclass
@@ -75,6 +83,7 @@ class _Bound:
     inputs: dict[str, np.ndarray]
     outputs: list[np.ndarray]
     calls: list[Any] = field(default_factory=list)
+    serial_steps: bool = False  # the calls switch thread counts (restore them on an error)
 
 
 def _per_sample(info: ValueInfo, where: str) -> tuple[int, ...]:
@@ -120,7 +129,6 @@ class Engine:
         self._pool_after = self._fusable_pools()
         self._skip: set[int] = set()
         self._plan_arena()
-        self._bound: dict[int, _Bound] = {}
 
     # ---- public properties
 
@@ -168,19 +176,28 @@ class Engine:
     # ---- threads
 
     def set_threads(self, threads: int | None) -> None:
-        if threads is None:
-            return
         import numba
 
-        if not 1 <= threads <= numba.config.NUMBA_NUM_THREADS:
-            raise EngineError(f"threads must be between 1 and {numba.config.NUMBA_NUM_THREADS}, "
-                              f"got {threads}")
-        numba.set_num_threads(threads)
-        try:  # optional: BLAS keeps its own pool; without threadpoolctl the env vars rule it
-            from threadpoolctl import threadpool_limits
-        except ImportError:
-            return
-        threadpool_limits(limits=threads, user_api="blas")
+        if threads is not None:
+            if not 1 <= threads <= numba.config.NUMBA_NUM_THREADS:
+                raise EngineError(f"threads must be between 1 and "
+                                  f"{numba.config.NUMBA_NUM_THREADS}, got {threads}")
+            numba.set_num_threads(threads)
+        self._threads = numba.get_num_threads()
+        self._bound = {}  # the plans' serial/parallel switches depend on the thread count
+        blas = _blas_controllers() if self._threads > 1 else []
+        for c in blas:
+            if threads is not None:
+                c.set_num_threads(threads)
+        self._blas = [(_blas_setter(c), c.num_threads) for c in blas]
+
+    def _serial(self, on: bool) -> None:
+        """A step of a bound plan: run on the calling thread alone, or on the full pools again."""
+        import numba
+
+        numba.set_num_threads(1 if on else self._threads)
+        for set_num_threads, k in self._blas:
+            set_num_threads(1 if on else k)
 
     # ---- planning
 
@@ -197,7 +214,7 @@ class Engine:
             out, a = node.outputs[0], node.attrs
             steps = readers.get(out, [])
             if (node.op != "conv2d" or out in self.graph.outputs or len(steps) != 1
-                    or self._prep[step].get("kind") not in ("im2col", "int8")):
+                    or self._prep[step].get("kind") not in ("im2col", "gemm", "int8")):
                 continue
             pool = self.graph.nodes[steps[0]]
             act = kf.ACT[a.get("activation", "none")]
@@ -271,9 +288,20 @@ class Engine:
             bound = _Bound({v: self._view(v, n) for v in g.inputs},
                            [self._view(o, n) for o in g.outputs])
             self._skip = set()  # steps that an earlier builder fused away
+            in_serial = False
             for step, node in enumerate(g.nodes):
-                if step not in self._skip:
-                    bound.calls.extend(_BUILDERS[node.op](self, step, node, n))
+                if step in self._skip:
+                    continue
+                for call in _BUILDERS[node.op](self, step, node, n):
+                    # NOTE: a fork/join of either pool costs tens of microseconds (far more on
+                    # a loaded machine): a small call runs on the calling thread alone.
+                    serial = self._threads > 1 and _call_work(call) < _PARALLEL_WORK
+                    if serial != in_serial:
+                        bound.calls.append(partial(self._serial, serial))
+                        bound.serial_steps, in_serial = True, serial
+                    bound.calls.append(call)
+            if in_serial:
+                bound.calls.append(partial(self._serial, False))
             self._bound[n] = bound
         return bound
 
@@ -325,12 +353,19 @@ class Engine:
                               "inputs must share one non-zero batch size")
         return arr.shape[0]
 
-    @staticmethod
-    def _execute(bound: _Bound, xs: dict, rows: slice) -> None:
+    def _execute(self, bound: _Bound, xs: dict, rows: slice) -> None:
         for name, dst in bound.inputs.items():
             np.copyto(dst, xs[name][rows], casting="same_kind")
-        for call in bound.calls:
-            call()
+        if not bound.serial_steps:
+            for call in bound.calls:
+                call()
+            return
+        try:
+            for call in bound.calls:
+                call()
+        except BaseException:
+            self._serial(False)
+            raise
 
     def warmup(self) -> None:
         """Compile (or load from the Numba cache) every kernel the plan uses."""
@@ -351,6 +386,30 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _call_work(call: partial) -> int:
+    """A bound call's work, for the serial/parallel choice (see _PARALLEL_WORK)."""
+    if call.func is np.matmul:
+        return call.keywords["out"].size * call.args[0].shape[-1]
+    return 16 * max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)
+
+
+def _blas_controllers() -> list:
+    """threadpoolctl's handles on the loaded BLAS libraries, or [] without threadpoolctl."""
+    try:  # optional: without it BLAS keeps its own pool, sized by the env vars
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return []
+    return list(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+def _blas_setter(c):
+    """The C function that sets an OpenBLAS pool's size: threadpoolctl's wrapper allocates a
+    little on every call, which run() must not; other BLAS libraries go through the wrapper."""
+    get = getattr(c, "_get_symbol", None)
+    f = get("openblas_set_num_threads") if get and c.internal_api == "openblas" else None
+    return f if f is not None else c.set_num_threads
 
 
 def _assign_offsets(buffers: list[_Buffer]) -> int:
@@ -453,10 +512,6 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         # and kc partial sums (O, P) f32; it also covers the int8 im2row route's (P, K) i8.
         d["w_bytes"] = _aligned(o * k * 4) if g == 1 else 0
         per_image = k * p * 4 + (d["kc"] * o * p * 4 if g == 1 else 0)
-        d["chunk"] = max(1, min(eng.max_batch, _SCRATCH_BYTES // per_image))
-        d["scratch_bytes"] = d["w_bytes"] + _aligned(d["chunk"] * k * p * 4) + d["chunk"] * (
-            per_image - k * p * 4)
-        return d
     else:
         d["b"] = eng._params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
         if g > 1 and w.shape[1] == 1:
@@ -466,11 +521,18 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
             d["kind"] = "pointwise"
             d["w2"] = w.reshape(o, k)
             return d
-        d["kind"] = "im2col"
-        d["w2"] = w.reshape(g, o // g, k // g)
-    per_image = k * p * 4
+        d["w_bytes"] = 0
+        if g == 1:  # one wide GEMM per chunk: col (K, m*P) and its result (O, m*P)
+            d["kind"] = "gemm"
+            d["w2"] = w.reshape(o, k)
+            per_image = (k + o) * p * 4
+        else:
+            d["kind"] = "im2col"
+            d["w2"] = w.reshape(g, o // g, k // g)
+            per_image = k * p * 4
     d["chunk"] = max(1, min(eng.max_batch, _SCRATCH_BYTES // per_image))
-    d["scratch_bytes"] = d["chunk"] * per_image
+    d["scratch_bytes"] = d["w_bytes"] + _aligned(d["chunk"] * k * p * 4) + d["chunk"] * (
+        per_image - k * p * 4)
     return d
 
 
@@ -498,10 +560,11 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
         for c in range(d["kc"]):
             k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
             calls.append(partial(np.matmul, xf[:, k0:k1], wf[:, k0:k1].T, out=yf[c]))
-        return [*calls, partial(ki.requant_sum, y.reshape(n, o, 1), yf.reshape(d["kc"], n, o, 1),
+        return [*calls, partial(ki.requant_sum, y.reshape(n, o, 1), yf.reshape(d["kc"], n * o, 1), o, 0,
                                 *epi)]
     return [partial(np.matmul, x, d["wT"], out=y),
-            partial(kf.bias_act, y.reshape(n, -1, 1), d["b"], _act_code(a), a["alpha"])]
+            partial(kf.bias_act, y.reshape(n, -1, 1), y.reshape(-1, 1), y.shape[1], 0, d["b"],
+                    _act_code(a), a["alpha"])]
 
 
 def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
@@ -514,12 +577,12 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
     y3 = y.reshape(n, o, p)
     if d["kind"] == "pointwise":
         return [partial(np.matmul, d["w2"], x.reshape(n, k, p), out=y3),
-                partial(kf.bias_act, y3, d["b"], act, alpha)]
+                partial(kf.bias_act, y3, y3.reshape(n * o, p), o, 0, d["b"], act, alpha)]
     calls = []
     # a fused maxpool: the conv writes the pooled output; its own output buffer goes unused
     pool, pool_geom, x_w = None, (), y.shape[3]
     pstep = eng._pool_after.get(step)
-    if pstep is not None and (d["kind"] == "im2col" or (g == 1 and n * p >= _F32_ROUTE_ROWS)):
+    if pstep is not None and (d["kind"] in ("im2col", "gemm") or (g == 1 and n * p >= _F32_ROUTE_ROWS)):
         pnode = eng.graph.nodes[pstep]
         pool, pool_geom = eng._view(pnode.outputs[0], n), _pool_geom(pnode.attrs)[:4]
         eng._skip.add(pstep)
@@ -530,32 +593,41 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             if start == 0:
                 calls.append(partial(np.copyto, eng._scratch(step, np.float32, (o, k)), d["w2"]))
             wf = eng._scratch(step, np.float32, (o, k))
-            col = eng._scratch(step, np.float32, (m, k, p), d["w_bytes"])
-            yf = eng._scratch(step, np.float32, (d["kc"], m, o, p),
+            col = eng._scratch(step, np.float32, (k, m * p), d["w_bytes"])
+            yf = eng._scratch(step, np.float32, (d["kc"], o, m * p),
                               d["w_bytes"] + _aligned(d["chunk"] * k * p * 4))
-            calls.append(partial(kf.im2col, col, xs, *geom, np.float32(a["x_zero_point"])))
+            calls.append(partial(kf.im2col, col, xs, *geom, np.float32(a["x_zero_point"]), 0, p))
             for c in range(d["kc"]):
                 k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
-                calls.append(partial(np.matmul, wf[:, k0:k1], col[:, k0:k1], out=yf[c]))
+                calls.append(partial(np.matmul, wf[:, k0:k1], col[k0:k1], out=yf[c]))
             epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
             if pool is None:
-                calls.append(partial(ki.requant_sum, ys, yf, *epi))
+                calls.append(partial(ki.requant_sum, ys, yf, 0, p, *epi))
             else:
-                calls.append(partial(ki.requant_sum_pool, pool[start:start + m], yf, x_w, *pool_geom,
-                                     *epi))
+                calls.append(partial(ki.requant_sum_pool, pool[start:start + m], yf, 0, p, x_w,
+                                     *pool_geom, *epi))
         elif d["kind"] == "int8":
             col = eng._scratch(step, np.int8, (m, p, k))
             calls += [partial(ki.im2row, col, xs, *geom, np.int8(a["x_zero_point"])),
                       partial(ki.gemm_q, ys, col, d["w2"], d["bias_adj"], d["m"], g, d["to_int8"], d["y_zp"],
                               d["lo"], d["relu"])]
+        elif d["kind"] == "gemm":
+            col = eng._scratch(step, np.float32, (k, m * p))
+            yw = eng._scratch(step, np.float32, (o, m * p), _aligned(d["chunk"] * k * p * 4))
+            calls += [partial(kf.im2col, col, xs, *geom, np.float32(0), 0, p),
+                      partial(np.matmul, d["w2"], col, out=yw),
+                      partial(kf.bias_act, ys, yw, 0, p, d["b"], act, alpha) if pool is None else
+                      partial(kf.bias_act_pool, pool[start:start + m], yw, 0, p, x_w, *pool_geom,
+                              d["b"], act, alpha)]
         else:
             col = eng._scratch(step, np.float32, (m, k, p))
-            calls += [partial(kf.im2col, col, xs, *geom, np.float32(0)),
+            calls += [partial(kf.im2col, col.reshape(m * k, p), xs, *geom, np.float32(0), k, 0),
                       partial(np.matmul, d["w2"], col.reshape(m, g, k // g, p),
                               out=ys.reshape(m, g, o // g, p)),
-                      partial(kf.bias_act, ys, d["b"], act, alpha) if pool is None else
-                      partial(kf.bias_act_pool, pool[start:start + m], ys, x_w, *pool_geom, d["b"],
-                              act, alpha)]
+                      partial(kf.bias_act, ys, ys.reshape(m * o, p), o, 0, d["b"], act, alpha)
+                      if pool is None else
+                      partial(kf.bias_act_pool, pool[start:start + m], ys.reshape(m * o, p), o, 0, x_w,
+                              *pool_geom, d["b"], act, alpha)]
     return calls
 
 

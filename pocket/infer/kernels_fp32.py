@@ -1,9 +1,11 @@
 """float32 kernels of the engine. Each is the optimized twin of an op in formats/reference.py.
 
 Every kernel writes into an output buffer passed in (the engine's arena) and allocates nothing.
-Convolutions are im2col into a scratch buffer plus one BLAS GEMM, called by the engine through
-`np.matmul(..., out=...)`: NumPy's own BLAS, so the edge install needs no SciPy (Numba's
-in-kernel `np.dot` would). Bias and activation are fused into one epilogue pass.
+Convolutions are im2col into a scratch buffer plus one BLAS GEMM per chunk of images, called by
+the engine through `np.matmul(..., out=...)`: NumPy's own BLAS, so the edge install needs no
+SciPy (Numba's in-kernel `np.dot` would). The column buffer is (C*kh*kw, N*Ho*Wo), so one sgemm
+covers the whole chunk; bias, activation (and a fused maxpool) and the layout back to NCHW are
+one epilogue pass.
 
 Activation codes (ACT) are ints so that one compiled kernel serves them all.
 
@@ -43,23 +45,29 @@ def activate(v, act, alpha):
 
 
 @njit(cache=True, parallel=True, fastmath=False)
-def bias_act(y, b, act, alpha):
-    """In place: y (N, O, P) += b (O,) (b may be empty), then the activation."""
-    n, o, p = y.shape
+def bias_act(out, y, rb, cb, b, act, alpha):
+    """out (N, O, P) = activation(y + b (O,)) (b may be empty); out may be y.
+
+    y is 2-D: the row of (image i, channel o) is y[i*rb + o, i*cb:i*cb + P], so (rb, cb) =
+    (O, 0) reads y (N*O, P) and (0, P) reads a wide GEMM's (O, N*P), which the epilogue then
+    lays out as NCHW.
+    """
+    n, o, p = out.shape
     has_bias = b.shape[0] > 0
     for r in prange(n * o):
-        row = y[r // o, r % o]
-        bo = b[r % o] if has_bias else np.float32(0.0)
+        bi, oc = r // o, r % o
+        row, dst = y[bi * rb + oc, bi * cb:bi * cb + p], out[bi, oc]
+        bo = b[oc] if has_bias else np.float32(0.0)
         if act == 0:
             for i in range(p):
-                row[i] += bo
+                dst[i] = row[i] + bo
         elif act == 1:
             for i in range(p):
                 v = row[i] + bo
-                row[i] = v if v > 0 else np.float32(0.0)
+                dst[i] = v if v > 0 else np.float32(0.0)
         else:
             for i in range(p):
-                row[i] = activate(np.float64(row[i] + bo), act, alpha)
+                dst[i] = activate(np.float64(row[i] + bo), act, alpha)
 
 
 @njit(cache=True, parallel=True, fastmath=False)
@@ -70,22 +78,40 @@ def unary(out, x, act, alpha):
 
 
 @njit(cache=True, parallel=True, fastmath=False)
-def im2col(col, x, kh, kw, sh, sw, ph, pw, dh, dw, pad):
-    """x (N, C, H, W) -> col (N, C*kh*kw, Ho*Wo), row (c, i, j) as in OIHW; outside = pad."""
+def im2col(col, x, kh, kw, sh, sw, ph, pw, dh, dw, pad, rb, cb):
+    """x (N, C, H, W) -> col, 2-D: image b's row (c, i, j) (as in OIHW) of Ho*Wo pixels lands at
+    col[b*rb + (c*kh + i)*kw + j, b*cb:b*cb + Ho*Wo]; outside the image = pad.
+
+    (rb, cb) = (0, Ho*Wo): col (K, N*P), one wide GEMM for the chunk; (K, 0): col (N*K, P).
+    """
     n, c, h, w = x.shape
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    ho = col.shape[2] // wo
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     for nc in prange(n * c):
         b, ch = nc // c, nc % c
-        for i in range(kh):
-            for j in range(kw):
-                row = col[b, (ch * kh + i) * kw + j]
+        xs = x[b, ch].ravel()
+        for j in range(kw):
+            # ow in [lo, hi) reads inside the row: the copy loop carries no bounds test
+            lo = min(wo, max(0, -(-(pw - j * dw) // sw)))
+            hi = max(lo, min(wo, -(-(w + pw - j * dw) // sw)))
+            for i in range(kh):
+                row = col[b * rb + (ch * kh + i) * kw + j]
                 for oh in range(ho):
                     ih = oh * sh - ph + i * dh
-                    inside = 0 <= ih < h
-                    for ow in range(wo):
-                        iw = ow * sw - pw + j * dw
-                        row[oh * wo + ow] = x[b, ch, ih, iw] if inside and 0 <= iw < w else pad
+                    base = b * cb + oh * wo
+                    if 0 <= ih < h:
+                        src = ih * w + j * dw - pw
+                        for ow in range(lo):
+                            row[base + ow] = pad
+                        # NOTE: unsigned indices (both are >= 0 here) spare Numba its
+                        # negative-index wrap-around, so LLVM vectorizes the copy (3x).
+                        for ow in range(lo, hi):
+                            row[np.uint64(base + ow)] = xs[np.uint64(src + ow * sw)]
+                        for ow in range(hi, wo):
+                            row[base + ow] = pad
+                    else:
+                        for ow in range(wo):
+                            row[base + ow] = pad
 
 
 @njit(cache=True, parallel=True, fastmath=False)
@@ -228,28 +254,34 @@ MONOTONE_ACTS = (0, 1, 2, 3, 4)  # non-decreasing (leaky_relu with alpha >= 0): 
 
 
 @njit(cache=True, parallel=True, fastmath=False)
-def bias_act_pool(out, y, wd, kh, kw, sh, sw, b, act, alpha):
-    """y (N, O, H*W) with row width wd -> out (N, O, Ho, Wo) = maxpool(act(y + b)), unpadded.
+def bias_act_pool(out, y, rb, cb, wd, kh, kw, sh, sw, b, act, alpha):
+    """y 2-D as in bias_act, rows of H*W with row width wd -> out (N, O, Ho, Wo) =
+    maxpool(act(y + b)), unpadded.
 
     NOTE: exact for a non-decreasing activation: float32 rounding of v + b and the activation
     preserve order, so the max can be taken before them; one activation per output.
     """
-    n, o = y.shape[0], y.shape[1]
-    ho, wo = out.shape[2], out.shape[3]
+    n, o, ho, wo = out.shape
     has_bias = b.shape[0] > 0
     for r in prange(n * o):
         bi, oc = r // o, r % o
-        row = y[bi, oc]
+        row = y[bi * rb + oc, bi * cb:]
         bo = b[oc] if has_bias else np.float32(0.0)
         for oh in range(ho):
+            d = out[bi, oc, oh]
+            base = oh * sh * wd
+            # NOTE: unsigned indices let LLVM vectorize the strided max (see im2col)
             for ow in range(wo):
-                base = oh * sh * wd + ow * sw
-                m = row[base]
-                for i in range(kh):
-                    for j in range(kw):
-                        m = max(m, row[base + i * wd + j])
-                v = m + bo
-                if act == 1:
-                    out[bi, oc, oh, ow] = v if v > 0 else np.float32(0.0)
-                else:
-                    out[bi, oc, oh, ow] = activate(np.float64(v), act, alpha)
+                d[ow] = row[np.uint64(base + ow * sw)]
+            for i in range(kh):
+                for j in range(kw):
+                    s0 = base + i * wd + j
+                    for ow in range(wo):
+                        d[ow] = max(d[ow], row[np.uint64(s0 + ow * sw)])
+            if act == 1:
+                for ow in range(wo):
+                    v = d[ow] + bo
+                    d[ow] = v if v > 0 else np.float32(0.0)
+            else:
+                for ow in range(wo):
+                    d[ow] = activate(np.float64(d[ow] + bo), act, alpha)

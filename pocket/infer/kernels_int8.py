@@ -112,52 +112,57 @@ def gemm_q(out, col, w, bias_adj, m, groups, to_int8, y_zp, lo, relu):
 
 
 @njit(cache=True, parallel=True, fastmath=False)
-def requant_sum(out, yf, bias_adj, m, to_int8, y_zp, lo, relu):
-    """yf (C, N, O, P) f32 partial sums over C chunks of K -> out (N, O, P) i8 or f32.
+def requant_sum(out, yf, rb, cb, bias_adj, m, to_int8, y_zp, lo, relu):
+    """yf (C, R, L) f32 partial sums over C chunks of K -> out (N, O, P) i8 or f32; the row of
+    (image i, channel o) is yf[c, i*rb + o, i*cb:i*cb + P] (see kernels_fp32.bias_act).
 
     NOTE: the float32 route. Each chunk is a float32 GEMM of int8 codes (x_q unshifted, padding
     = x_zp, w_q) over at most EXACT_K terms: every partial sum is an integer below
     EXACT_K * 128 * 127 < 2**24, so float32 holds it exactly whatever the summation order,
     and the int64 total here equals the int8 dot product bit for bit.
     """
-    kc, n, o, p = yf.shape
+    kc = yf.shape[0]
+    n, o, p = out.shape
     for r in prange(n * o):
         b, oc = r // o, r % o
         badj, mo = bias_adj[oc], m[oc]
+        dst = out[b, oc]
+        row0 = yf[0, b * rb + oc, b * cb:b * cb + p]
         for i in range(p):
-            acc = np.int64(yf[0, b, oc, i])
+            acc = np.int64(row0[i])
             for c in range(1, kc):
-                acc += np.int64(yf[c, b, oc, i])
-            out[b, oc, i] = _epilogue(acc + badj, mo, y_zp, lo, to_int8, relu)
+                acc += np.int64(yf[c, b * rb + oc, b * cb + i])
+            dst[i] = _epilogue(acc + badj, mo, y_zp, lo, to_int8, relu)
 
 
 @njit(cache=True, parallel=True, fastmath=False)
-def requant_sum_pool(out, yf, wd, kh, kw, sh, sw, bias_adj, m, to_int8, y_zp, lo, relu):
-    """`requant_sum` with a fused unpadded maxpool: yf (C, N, O, H*W) with row width wd ->
+def requant_sum_pool(out, yf, rb, cb, wd, kh, kw, sh, sw, bias_adj, m, to_int8, y_zp, lo, relu):
+    """`requant_sum` with a fused unpadded maxpool: rows of H*W with row width wd ->
     out (N, O, Ho, Wo), the max over each kh x kw window.
 
     NOTE: exact: the epilogue is non-decreasing in acc (m > 0, rint, clip), so the max of the
     epilogues is the epilogue of the max accumulator; one epilogue per output, not per input.
     """
-    kc, n = yf.shape[0], yf.shape[1]
-    o, ho, wo = out.shape[1], out.shape[2], out.shape[3]
+    kc = yf.shape[0]
+    n, o, ho, wo = out.shape
     for r in prange(n * o):
         b, oc = r // o, r % o
+        row0 = yf[0, b * rb + oc, b * cb:]
         for oh in range(ho):
             for ow in range(wo):
                 best = np.int64(-(2 ** 62))
                 for i in range(kh):
                     base = (oh * sh + i) * wd + ow * sw
                     if kc == 1:  # one chunk: the float max is exact, convert once
-                        f = yf[0, b, oc, base]
+                        f = row0[base]
                         for j in range(1, kw):
-                            f = max(f, yf[0, b, oc, base + j])
+                            f = max(f, row0[base + j])
                         best = max(best, np.int64(f))
                         continue
                     for j in range(kw):
-                        acc = np.int64(yf[0, b, oc, base + j])
+                        acc = np.int64(row0[base + j])
                         for c in range(1, kc):
-                            acc += np.int64(yf[c, b, oc, base + j])
+                            acc += np.int64(yf[c, b * rb + oc, b * cb + base + j])
                         best = max(best, acc)
                 out[b, oc, oh, ow] = _epilogue(best + bias_adj[oc], m[oc], y_zp, lo, to_int8,
                                                relu)

@@ -143,3 +143,15 @@ def test_import_pulls_in_no_heavy_modules():
             " 'pocket.export', 'torch') if m in sys.modules]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_first_run_skips_scipy_linalg(mnist):
+    """Numba's BLAS probe would import scipy.linalg on the first kernel call (half of a warm
+    start); pocket.infer blocks the probe, and Numba's np.dot still works afterwards."""
+    code = (f"import sys, numpy as np\nfrom pocket.infer import Engine\n"
+            f"Engine({str(mnist['path'])!r}).run(np.zeros((1, 1, 28, 28), np.float32))\n"
+            "assert 'scipy.linalg' not in sys.modules\n"
+            "import numba\n"
+            "a = np.ones((3, 3))\n"
+            "assert numba.njit(lambda a: np.dot(a, a))(a).sum() == 27\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

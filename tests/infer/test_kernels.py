@@ -317,3 +317,40 @@ def test_fused_pool_with_batch_chunks(int8, monkeypatch):
         assert np.array_equal(got, want)
     else:
         assert_close(got, want, scale=300)
+
+
+# --------------------------------------------------------------------------- thread plan
+
+
+@pytest.mark.parametrize("work", [0, 1 << 60])
+@pytest.mark.parametrize("n", [1, 7])
+@pytest.mark.parametrize("int8", [False, True])
+def test_serial_and_parallel_plans_agree(work, n, int8, monkeypatch):
+    """Every call parallel (work 0) or every call on the calling thread: same results, and
+    run() leaves Numba's thread count as it found it."""
+    import numba
+
+    from pocket.infer import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "_PARALLEL_WORK", work)
+    c, h, w, o = 5, 9, 11, 7
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    pool = {"kernel": [2, 2], "padding": [0, 0]}
+    if int8:
+        params, quant = _int8_conv_params(c, o, 3, 3, 1, 0.05)
+        nodes = [Node("q", "quantize", ["x"], ["q"], {"scale": 0.05, "zero_point": 2}),
+                 Node("conv", "conv2d", ["q", "w", "b"], ["c"], {
+                     "padding": [1, 1], "x_scale": 0.05, "x_zero_point": 2, "activation": "relu",
+                     "y_scale": 0.04, "y_zero_point": -3}),
+                 Node("p", "maxpool2d", ["c"], ["y"], pool)]
+    else:
+        params, quant = _conv_params(c, o, 3, 3, 1), None
+        nodes = [Node("conv", "conv2d", ["x", "w", "b"], ["c"], {"padding": [1, 1], "activation": "relu"}),
+                 Node("p", "maxpool2d", ["c"], ["y"], pool)]
+    before = numba.get_num_threads()
+    got, want = run_both(x, nodes, params, quant)
+    assert numba.get_num_threads() == before
+    if int8:
+        assert np.array_equal(got, want)
+    else:
+        assert_close(got, want, scale=45)
