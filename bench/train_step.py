@@ -5,7 +5,9 @@
 Each (framework, model, batch, repeat) runs in a fresh subprocess with the same thread count
 for BLAS, Numba and torch; a step is forward + cross entropy + backward + SGD(momentum) step.
 Reports the median step time over repeats and the peak RSS growth over the process's baseline
-(our tracker's peak too, for pocket). Writes bench/results/train_step.{json,md}.
+(our tracker's peak too, for pocket), and the 1-minute load average before and after each case:
+a load above the thread count means other processes shared the cores, and the ratio is noisy.
+Writes bench/results/train_step.{json,md}.
 """
 
 from __future__ import annotations
@@ -177,16 +179,25 @@ def main() -> None:
     rows = []
     for model in a.models.split(","):
         for batch in (int(b) for b in a.batches.split(",")):
-            row = {"model": model, "batch": batch, "threads": a.threads}
-            for fw in frameworks:
-                runs = [run_one(fw, model, batch, a.steps, a.threads)
-                        for _ in range(a.repeats)]
+            row = {"model": model, "batch": batch, "threads": a.threads,
+                   "load_before": os.getloadavg()[0]}
+            # NOTE: repeats alternate the frameworks (p, t, p, t, ...) so a burst of load from
+            # other processes lands on both sides of the ratio, not on one framework's block.
+            runs_by_fw = {fw: [] for fw in frameworks}
+            for _ in range(a.repeats):
+                for fw in frameworks:
+                    runs_by_fw[fw].append(run_one(fw, model, batch, a.steps, a.threads))
+            row["load_after"] = os.getloadavg()[0]
+            for fw, runs in runs_by_fw.items():
                 row[f"{fw}_step_ms"] = 1e3 * statistics.median(r["step_s"] for r in runs)
+                row[f"{fw}_best_ms"] = 1e3 * min(r["step_s"] for r in runs)
                 row[f"{fw}_peak_mib"] = statistics.median(r["peak_rss_delta"] for r in runs) / 2**20
                 if fw == "pocket":
                     row["pocket_tracker_peak_mib"] = runs[0]["tracker_peak"] / 2**20
             if "torch_step_ms" in row:
                 row["time_ratio"] = row["pocket_step_ms"] / row["torch_step_ms"]
+                # the fastest repeat of each: the least disturbed by other load
+                row["best_ratio"] = row["pocket_best_ms"] / row["torch_best_ms"]
                 row["mem_ratio"] = row["pocket_peak_mib"] / max(row["torch_peak_mib"], 1e-9)
             if a.profile:
                 run_one("pocket", model, batch, a.steps, a.threads, profile=True)
@@ -195,8 +206,9 @@ def main() -> None:
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "train_step.json").write_text(json.dumps(rows, indent=2) + "\n")
-    cols = ["model", "batch", "pocket_step_ms", "torch_step_ms", "time_ratio", "pocket_peak_mib",
-            "torch_peak_mib", "mem_ratio", "pocket_tracker_peak_mib"]
+    cols = ["model", "batch", "pocket_step_ms", "torch_step_ms", "time_ratio", "best_ratio",
+            "pocket_peak_mib",
+            "torch_peak_mib", "mem_ratio", "pocket_tracker_peak_mib", "load_before", "load_after"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = [f"{r[c]:.2f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))

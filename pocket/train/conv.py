@@ -1,9 +1,17 @@
 """conv2d, maxpool2d, avgpool2d: forward and backward side by side.
 
 Convolution is im2col + one GEMM per batch chunk (grouped convs batch the GEMM over groups).
-The chunk bounds the im2col workspace (`CONV_WORKSPACE_BYTES`), which on the GPU is what keeps
-a big batch from allocating a huge column buffer. The forward saves only x and w and rebuilds
-the columns in the backward: x is kh*kw times smaller than its columns.
+The columns are tap-major, col (C*kh*kw, n*Ho*Wo), so every GEMM is a plain 2-D sgemm:
+forward W (O, K) @ col, weight gradient gy (O, m) @ col.T, input gradient W.T @ gy then col2im;
+gy and the output are moved between NCHW and (O, n*Ho*Wo) by one copy each.
+The chunk bounds the im2col workspace (`CONV_WORKSPACE_BYTES`): on the GPU it keeps a big batch
+from allocating a huge column buffer; on the CPU 16 MiB keeps the columns near the cache
+between im2col and the GEMM (faster than one whole-batch GEMM) without the many small GEMMs
+whose thread hand-offs stall on a busy machine (4 MiB was a little faster on an idle one).
+The forward saves only x and w and rebuilds the columns in the backward. Keeping them would
+cost kh*kw times x's bytes of activation memory (about the whole of PyTorch's peak on the
+CIFAR reference CNN) to save one im2col per conv, a few percent of a step once im2col runs at
+copy speed.
 CPU loops are Numba kernels (`kernels_cpu`); the GPU path uses strided slicing per kernel tap.
 """
 
@@ -14,7 +22,7 @@ import numpy as np
 from pocket.train import backend
 from pocket.train.tensor import Tensor, as_tensor, primitive
 
-CONV_WORKSPACE_BYTES = {"cpu": 48 << 20, "cuda": 256 << 20}
+CONV_WORKSPACE_BYTES = {"cpu": 16 << 20, "cuda": 256 << 20}
 
 
 def _pair2(v) -> tuple[int, int]:
@@ -32,53 +40,86 @@ def _chunks(n: int, bytes_per_item: int, device: str):
 
 
 def _im2col(x, k, s, p, d, ho, wo):
-    # x (n, C, H, W) -> col (n*Ho*Wo, C*kh*kw)
+    # x (n, C, H, W) -> col (C*kh*kw, n*Ho*Wo)
     xp = backend.get_array_module(x)
     n, c = x.shape[:2]
-    col = xp.empty((n, ho, wo, c, k[0], k[1]), x.dtype)
+    col = xp.empty((c, k[0], k[1], n, ho, wo), x.dtype)
     if xp is np:
         from pocket.train import kernels_cpu
 
         kernels_cpu.im2col(np.ascontiguousarray(x), *k, *s, *p, *d, col)
     else:
-        xpad = xp.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
-        for i in range(k[0]):
-            for j in range(k[1]):
-                h0, w0 = i * d[0], j * d[1]
-                tap = xpad[:, :, h0:h0 + s[0] * (ho - 1) + 1:s[0], w0:w0 + s[1] * (wo - 1) + 1:s[1]]
-                col[:, :, :, :, i, j] = tap.transpose(0, 2, 3, 1)
-    return col.reshape(n * ho * wo, -1)
+        _im2col_taps(x, k, s, p, d, col)
+    return col.reshape(c * k[0] * k[1], n * ho * wo)
 
 
-def _col2im(col, shape, k, s, p, d, ho, wo):
-    # col (n*Ho*Wo, C*kh*kw) -> gx (n, C, H, W)
+def _im2col_taps(x, k, s, p, d, col):
+    # GPU path, one strided slice per kernel tap: x (n, C, H, W) -> col (C, kh, kw, n, Ho, Wo)
+    xp = backend.get_array_module(x)
+    ho, wo = col.shape[4:]
+    xpad = xp.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    for i in range(k[0]):
+        for j in range(k[1]):
+            h0, w0 = i * d[0], j * d[1]
+            tap = xpad[:, :, h0:h0 + s[0] * (ho - 1) + 1:s[0], w0:w0 + s[1] * (wo - 1) + 1:s[1]]
+            col[:, i, j] = tap.transpose(1, 0, 2, 3)
+
+
+def _col2im(col, k, s, p, d, ho, wo, gx):
+    # col (C*kh*kw, n*Ho*Wo) -> gx (n, C, H, W), written in place
     xp = backend.get_array_module(col)
-    n, c, h, w = shape
-    col = col.reshape(n, ho, wo, c, k[0], k[1])
+    n, c = gx.shape[:2]
+    col = col.reshape(c, k[0], k[1], n, ho, wo)
     if xp is np:
         from pocket.train import kernels_cpu
 
-        gx = np.empty(shape, col.dtype)
-        kernels_cpu.col2im(col, *k, *s, *p, *d, gx)
-        return gx
+        kernels_cpu.col2im(np.ascontiguousarray(col), *k, *s, *p, *d, gx)
+    else:
+        gx[...] = _col2im_taps(col, gx.shape, k, s, p, d)
+
+
+def _col2im_taps(col, shape, k, s, p, d):
+    # GPU path: col (C, kh, kw, n, Ho, Wo) -> gx (n, C, H, W)
+    xp = backend.get_array_module(col)
+    n, c, h, w = shape
+    ho, wo = col.shape[4:]
     gpad = xp.zeros((n, c, h + 2 * p[0], w + 2 * p[1]), col.dtype)
     for i in range(k[0]):
         for j in range(k[1]):
             h0, w0 = i * d[0], j * d[1]
             gpad[:, :, h0:h0 + s[0] * (ho - 1) + 1:s[0], w0:w0 + s[1] * (wo - 1) + 1:s[1]] += (
-                col[:, :, :, :, i, j].transpose(0, 3, 1, 2))
+                col[:, i, j].transpose(1, 0, 2, 3))
     return gpad[:, :, p[0]:p[0] + h, p[1]:p[1] + w]
 
 
-def _grouped_mm(a, b, groups: int, trans_b: bool):
-    # a (M, g*K), b (g, K', K) or (g, K, K') -> (M, g*K'): per group a_g @ b_g(.T)
-    xp = backend.get_array_module(a)
-    m = a.shape[0]
-    if groups == 1:
-        return a @ (b[0].T if trans_b else b[0])
-    ag = a.reshape(m, groups, -1).transpose(1, 0, 2)  # (g, M, K)
-    out = xp.matmul(ag, b.transpose(0, 2, 1) if trans_b else b)  # (g, M, K')
-    return out.transpose(1, 0, 2).reshape(m, -1)
+def _to_nchw(y, b, out):
+    # y (O, n*Ho*Wo) -> out (n, O, Ho, Wo) = y + b, written in place
+    xp = backend.get_array_module(y)
+    n, o = out.shape[:2]
+    y = y.reshape(o, n, -1)
+    out = out.reshape(n, o, -1)
+    if xp is np:
+        from pocket.train import kernels_cpu
+
+        kernels_cpu.rows_to_nchw(np.ascontiguousarray(y), np.zeros(o, y.dtype) if b is None else b, out)
+    elif b is None:
+        out[...] = y.transpose(1, 0, 2)
+    else:
+        xp.add(y.transpose(1, 0, 2), b[:, None], out=out)
+
+
+def _to_rows(gy):
+    # gy (n, O, Ho, Wo) -> (O, n*Ho*Wo)
+    xp = backend.get_array_module(gy)
+    n, o = gy.shape[:2]
+    gy = gy.reshape(n, o, -1)
+    if xp is not np:
+        return xp.ascontiguousarray(gy.transpose(1, 0, 2)).reshape(o, -1)
+    from pocket.train import kernels_cpu
+
+    rows = np.empty((o, n, gy.shape[2]), gy.dtype)
+    kernels_cpu.nchw_to_rows(np.ascontiguousarray(gy), rows)
+    return rows.reshape(o, -1)
 
 
 def _conv2d_fwd(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
@@ -96,15 +137,20 @@ def _conv2d_fwd(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1
     out = xp.empty((n, o, ho, wo), x.dtype)
     dev = "cpu" if xp is np else "cuda"
     for n0, n1 in _chunks(n, ho * wo * c * kh * kw * x.itemsize, dev):
-        col = _im2col(x[n0:n1], k, stride, padding, dilation, ho, wo)
-        y = _grouped_mm(col, wg, groups, trans_b=True)  # (m, O)
-        if b is not None:
-            y += b
-        out[n0:n1] = y.reshape(n1 - n0, ho, wo, o).transpose(0, 3, 1, 2)
+        col = _im2col(x[n0:n1], k, stride, padding, dilation, ho, wo)  # (K, m)
+        _to_nchw(_grouped_mm(wg, col, groups), b, out[n0:n1])
     ctx.save(x if ctx.needs[1] else None, w if ctx.needs[0] else None)
     ctx.attrs.update(x_shape=x.shape, w_shape=w.shape, k=k, s=stride, p=padding, d=dilation,
                      g=groups, ho=ho, wo=wo, dtype=x.dtype)
     return out
+
+
+def _grouped_mm(a, b, groups: int):
+    # a (g, M, K) with g == groups, b (g*K, P) -> (g*M, P): one GEMM per group
+    xp = backend.get_array_module(b)
+    if groups == 1:
+        return a[0] @ b
+    return xp.matmul(a, b.reshape(groups, -1, b.shape[1])).reshape(-1, b.shape[1])
 
 
 def _conv2d_bwd(ctx, gy):
@@ -115,25 +161,28 @@ def _conv2d_bwd(ctx, gy):
     o = at["w_shape"][0]
     g, k, s, p, d, ho, wo = at["g"], at["k"], at["s"], at["p"], at["d"], at["ho"], at["wo"]
     need_x, need_w = ctx.needs[0], ctx.needs[1]
+    need_b = len(ctx.needs) > 2 and ctx.needs[2]
+    gb = xp.zeros(o, at["dtype"]) if need_b else None
     gw = xp.zeros((g, o // g, c // g * k[0] * k[1]), at["dtype"]) if need_w else None
     gx = xp.empty(at["x_shape"], at["dtype"]) if need_x else None
-    wg = w.reshape(g, o // g, -1) if need_x else None
+    # W^T per group: (g, C/g*kh*kw, O/g)
+    wt = w.reshape(g, o // g, -1).transpose(0, 2, 1) if need_x else None
     dev = "cpu" if xp is np else "cuda"
     for n0, n1 in _chunks(n, ho * wo * c * k[0] * k[1] * gy.itemsize, dev):
-        m = (n1 - n0) * ho * wo
-        gy_c = gy[n0:n1].transpose(0, 2, 3, 1).reshape(m, o)  # (m, O)
+        gy_r = _to_rows(gy[n0:n1])  # (O, m)
+        m = gy_r.shape[1]
         if need_w:
-            col = _im2col(x[n0:n1], k, s, p, d, ho, wo)  # (m, C*kh*kw)
+            col = _im2col(x[n0:n1], k, s, p, d, ho, wo)  # (K, m)
             if g == 1:
-                gw[0] += gy_c.T @ col
+                gw[0] += gy_r @ col.T
             else:
-                gyg = gy_c.reshape(m, g, -1).transpose(1, 2, 0)  # (g, O/g, m)
-                gw += xp.matmul(gyg, col.reshape(m, g, -1).transpose(1, 0, 2))
+                gw += xp.matmul(gy_r.reshape(g, -1, m), col.reshape(g, -1, m).transpose(0, 2, 1))
             del col
         if need_x:
-            gcol = _grouped_mm(gy_c, wg, g, trans_b=False)  # (m, C*kh*kw)
-            gx[n0:n1] = _col2im(gcol, (n1 - n0, c, h, wd), k, s, p, d, ho, wo)
-    gb = gy.sum(axis=(0, 2, 3)) if len(ctx.needs) > 2 and ctx.needs[2] else None
+            gcol = _grouped_mm(wt, gy_r, g)  # (C*kh*kw, m)
+            _col2im(gcol, k, s, p, d, ho, wo, gx[n0:n1])
+        if need_b:
+            gb += gy_r.sum(axis=1)
     return gx, gw.reshape(at["w_shape"]) if need_w else None, gb
 
 

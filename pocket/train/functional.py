@@ -374,6 +374,11 @@ def concat(tensors, axis: int = 0) -> Tensor:
 
 # ---------------------------------------------------------------- activations
 
+# NOTE: a Numba call costs a dispatch (and, when compiled parallel, a thread-pool wake-up:
+# milliseconds on a busy machine); below this many elements one NumPy pass is as fast.
+_CPU_KERNEL_MIN_SIZE = 1 << 15
+
+
 def _relu_fwd(ctx, x):
     out = _xp(x).maximum(x, 0)
     ctx.save(out)
@@ -382,6 +387,14 @@ def _relu_fwd(ctx, x):
 
 def _relu_bwd(ctx, gy):
     (out,) = ctx.saved
+    if (_xp(gy) is np and gy.size >= _CPU_KERNEL_MIN_SIZE and gy.dtype == out.dtype
+            and gy.dtype in (np.float32, np.float64)):
+        from pocket.train import kernels_cpu
+
+        gx = np.empty(gy.shape, gy.dtype)
+        kernels_cpu.relu_backward(np.ascontiguousarray(gy).reshape(-1),
+                                  np.ascontiguousarray(out).reshape(-1), gx.reshape(-1))
+        return (gx,)
     k = backend.gpu_kernel("relu_backward") if _xp(gy) is not np else None
     return (k(gy, out) if k is not None else gy * (out > 0),)
 
@@ -564,31 +577,52 @@ def _bn_shape(x) -> tuple:
     return (1, x.shape[1]) + (1,) * (x.ndim - 2)
 
 
+def _bn_cpu_kernels(x) -> bool:
+    # the fused Numba kernels: CPU, float32/float64, with a spatial axis (N, C, ...)
+    return (_xp(x) is np and x.ndim >= 3 and x.size >= _CPU_KERNEL_MIN_SIZE
+            and x.dtype in (np.float32, np.float64))
+
+
 def _batchnorm_fwd(ctx, x, gamma, beta, running_mean=None, running_var=None, training=True,
                    momentum=0.1, eps=1e-5):
     # x (N, C, ...), gamma/beta (C,) -> y like x
     xp = _xp(x)
     axes = (0,) + tuple(range(2, x.ndim))
     shape = _bn_shape(x)
-    if training:
-        m = x.size // x.shape[1]
+    m = x.size // x.shape[1]
+    if training and _bn_cpu_kernels(x):
+        from pocket.train import kernels_cpu
+
+        n, c = x.shape[:2]
+        x3 = np.ascontiguousarray(x).reshape(n, c, -1)
+        xhat, y = np.empty_like(x3), np.empty_like(x3)
+        mean, var = np.empty(c), np.empty(c)
+        kernels_cpu.batchnorm_forward(x3, gamma.astype(x.dtype, copy=False),
+                                      beta.astype(x.dtype, copy=False), float(eps), xhat, y,
+                                      mean, var)
+        invstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype)
+        xhat, y = xhat.reshape(x.shape), y.reshape(x.shape)
+    elif training:
         mean = x.mean(axis=axes, dtype=x.dtype)
         xc = x - mean.reshape(shape)
         var = (xc * xc).mean(axis=axes, dtype=x.dtype) if m > 0 else xp.zeros_like(mean)
-        if running_mean is not None:
-            # NOTE: running var is the unbiased estimate, as in PyTorch.
-            running_mean *= 1 - momentum
-            running_mean += momentum * mean.astype(running_mean.dtype)
-            running_var *= 1 - momentum
-            running_var += (momentum * m / (m - 1 if m > 1 else 1)) * var.astype(running_var.dtype)
+        invstd = (1.0 / xp.sqrt(var + eps)).astype(x.dtype, copy=False)
+        xhat = xc
+        xhat *= invstd.reshape(shape)
+        y = xhat * gamma.reshape(shape) + beta.reshape(shape)
     else:
         mean = running_mean.astype(x.dtype, copy=False)
         var = running_var.astype(x.dtype, copy=False)
-        xc = x - mean.reshape(shape)
-    invstd = (1.0 / xp.sqrt(var + eps)).astype(x.dtype, copy=False)
-    xhat = xc
-    xhat *= invstd.reshape(shape)
-    y = xhat * gamma.reshape(shape) + beta.reshape(shape)
+        invstd = (1.0 / xp.sqrt(var + eps)).astype(x.dtype, copy=False)
+        xhat = x - mean.reshape(shape)
+        xhat *= invstd.reshape(shape)
+        y = xhat * gamma.reshape(shape) + beta.reshape(shape)
+    if training and running_mean is not None:
+        # NOTE: running var is the unbiased estimate, as in PyTorch.
+        running_mean *= 1 - momentum
+        running_mean += momentum * mean.astype(running_mean.dtype)
+        running_var *= 1 - momentum
+        running_var += (momentum * m / (m - 1 if m > 1 else 1)) * var.astype(running_var.dtype)
     ctx.save(xhat, invstd, gamma)
     ctx.attrs.update(training=training, axes=axes, shape=shape)
     return y
@@ -597,6 +631,19 @@ def _batchnorm_fwd(ctx, x, gamma, beta, running_mean=None, running_var=None, tra
 def _batchnorm_bwd(ctx, gy):
     xhat, invstd, gamma = ctx.saved
     axes, shape = ctx.attrs["axes"], ctx.attrs["shape"]
+    if ctx.attrs["training"] and _bn_cpu_kernels(gy) and xhat.dtype == gy.dtype:
+        from pocket.train import kernels_cpu
+
+        n, c = gy.shape[:2]
+        gx = np.empty((n, c, gy.size // (n * c)), gy.dtype)
+        gbeta, ggamma = np.empty(c), np.empty(c)
+        kernels_cpu.batchnorm_backward(np.ascontiguousarray(gy).reshape(gx.shape),
+                                       np.ascontiguousarray(xhat).reshape(gx.shape),
+                                       (gamma * invstd).astype(gy.dtype, copy=False), gx,
+                                       gbeta, ggamma)
+        return (gx.reshape(gy.shape) if ctx.needs[0] else None,
+                ggamma.astype(gamma.dtype) if ctx.needs[1] else None,
+                gbeta.astype(gamma.dtype) if ctx.needs[2] else None)
     gbeta = gy.sum(axis=axes)
     ggamma = (gy * xhat).sum(axis=axes)
     gx = None
