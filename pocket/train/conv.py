@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from pocket.train import backend
-from pocket.train.tensor import Tensor, as_tensor, primitive
+from pocket.train.tensor import Tensor, as_tensor, primitive, saved_activations_fp16
 
 CONV_WORKSPACE_BYTES = {"cpu": 16 << 20, "cuda": 256 << 20}
 
@@ -186,7 +186,36 @@ def _conv2d_bwd(ctx, gy):
     return gx, gw.reshape(at["w_shape"]) if need_w else None, gb
 
 
-_conv2d = primitive("conv2d", _conv2d_fwd, _conv2d_bwd)
+def _f32_on_cpu(fwd, bwd):
+    """Run a primitive's fp16 inputs in fp32 on the CPU, where the Numba kernels and BLAS have
+    no float16; on the GPU (CuPy) the arrays go through as they are.
+
+    NOTE: fp16 x fp16 products are exact in fp32, so this is the arithmetic of an fp16 GEMM
+    with fp32 accumulation (what tensor cores do); the output is rounded back to fp16. The
+    arrays the forward saves are kept as fp16 (exact: they were fp16 to begin with)."""
+
+    def fwd16(ctx, *arrays, **attrs):
+        if backend.get_array_module(arrays[0]) is not np or not any(
+                a is not None and a.dtype == np.float16 for a in arrays):
+            return fwd(ctx, *arrays, **attrs)
+        ctx.attrs["fp16_dtypes"] = [None if a is None else a.dtype for a in arrays]
+        up = [a.astype(np.float32) if a is not None and a.dtype == np.float16 else a
+              for a in arrays]
+        with saved_activations_fp16(True):
+            out = fwd(ctx, *up, **attrs)
+        return out.astype(np.float16)
+
+    def bwd16(ctx, gy):
+        dtypes = ctx.attrs.get("fp16_dtypes")
+        if dtypes is None:
+            return bwd(ctx, gy)
+        grads = bwd(ctx, gy.astype(np.float32))
+        return tuple(None if g is None else g.astype(dt) for g, dt in zip(grads, dtypes))
+
+    return fwd16, bwd16
+
+
+_conv2d = primitive("conv2d", *_f32_on_cpu(_conv2d_fwd, _conv2d_bwd))
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
@@ -319,8 +348,8 @@ def _avgpool_bwd(ctx, gy):
     return (gpad[:, :, p[0]:p[0] + h, p[1]:p[1] + w],)
 
 
-_maxpool2d = primitive("maxpool2d", _maxpool_fwd, _maxpool_bwd)
-_avgpool2d = primitive("avgpool2d", _avgpool_fwd, _avgpool_bwd)
+_maxpool2d = primitive("maxpool2d", *_f32_on_cpu(_maxpool_fwd, _maxpool_bwd))
+_avgpool2d = primitive("avgpool2d", *_f32_on_cpu(_avgpool_fwd, _avgpool_bwd))
 
 
 def maxpool2d(x, kernel_size, stride=None, padding=0, dilation=1) -> Tensor:

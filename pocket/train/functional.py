@@ -603,9 +603,14 @@ def _batchnorm_fwd(ctx, x, gamma, beta, running_mean=None, running_var=None, tra
         invstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype)
         xhat, y = xhat.reshape(x.shape), y.reshape(x.shape)
     elif training:
-        mean = x.mean(axis=axes, dtype=x.dtype)
-        xc = x - mean.reshape(shape)
-        var = (xc * xc).mean(axis=axes, dtype=x.dtype) if m > 0 else xp.zeros_like(mean)
+        # NOTE: fp16 statistics are summed in fp32: a sum over N*H*W fp16 values (or their
+        # squares) passes 65504 long before the mean does.
+        acc = xp.float32 if x.dtype == xp.float16 else x.dtype
+        mean = x.mean(axis=axes, dtype=acc)
+        xc = x - mean.astype(x.dtype, copy=False).reshape(shape)
+        sq = xc.astype(acc, copy=False)
+        var = (sq * sq).mean(axis=axes) if m > 0 else xp.zeros_like(mean)
+        del sq
         invstd = (1.0 / xp.sqrt(var + eps)).astype(x.dtype, copy=False)
         xhat = xc
         xhat *= invstd.reshape(shape)
