@@ -21,7 +21,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step import MODELS, ROOT, _status_bytes, build_pocket, build_torch  # noqa: E402
+from train_step import (  # noqa: E402
+    MODELS,
+    ROOT,
+    _status_bytes,
+    build_pocket,
+    build_torch,
+    write_results,
+)
 
 
 def worker(framework: str, model: str, batch: int, steps: int, savers: bool) -> dict:
@@ -121,18 +128,9 @@ def main() -> None:
                 row["mem_ratio"] = row["pocket_peak_mib"] / max(row["torch_peak_mib"], 1e-9)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "train_memory.json").write_text(json.dumps(rows, indent=2) + "\n")
-    cols = ["model", "batch", "savers", "pocket_peak_mib", "torch_peak_mib", "mem_ratio",
-            "pocket_tracker_mib", "pocket_activations_mib"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        cells = [f"{r[c]:.2f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
-                 for c in cols]
-        lines.append("| " + " | ".join(cells) + " |")
-    (out_dir / "train_memory.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("train_memory", rows,
+                  ["model", "batch", "savers", "pocket_peak_mib", "torch_peak_mib", "mem_ratio",
+                   "pocket_tracker_mib", "pocket_activations_mib"])
 
 
 if __name__ == "__main__":

@@ -203,18 +203,23 @@ def main() -> None:
                 run_one("pocket", model, batch, a.steps, a.threads, profile=True)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
+    write_results("train_step", rows,
+                  ["model", "batch", "pocket_step_ms", "torch_step_ms", "time_ratio", "best_ratio",
+                   "pocket_peak_mib", "torch_peak_mib", "mem_ratio", "pocket_tracker_peak_mib",
+                   "load_before", "load_after"])
+
+
+def write_results(name: str, rows: list[dict], cols: list[str]) -> None:
+    """bench/results/NAME.json (every field) and NAME.md (a table of `cols`), and print it."""
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "train_step.json").write_text(json.dumps(rows, indent=2) + "\n")
-    cols = ["model", "batch", "pocket_step_ms", "torch_step_ms", "time_ratio", "best_ratio",
-            "pocket_peak_mib",
-            "torch_peak_mib", "mem_ratio", "pocket_tracker_peak_mib", "load_before", "load_after"]
+    (out_dir / f"{name}.json").write_text(json.dumps(rows, indent=2) + "\n")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = [f"{r[c]:.2f}" if isinstance(r.get(c), float) else str(r.get(c, "-"))
                  for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
-    (out_dir / "train_step.md").write_text("\n".join(lines) + "\n")
+    (out_dir / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
