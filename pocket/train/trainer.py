@@ -100,6 +100,9 @@ class Trainer:
         if mem["budget"] is not None:
             self._apply_budget(parse_size(mem["budget"]))
         self._setup_precision()
+        if self.device.kind == "cpu" and (self.plan or self.segments > 1
+                                          or self.fp16_activations):
+            backend.return_freed_host_memory()
         self.model.to(self.device)
         self.train_loader = Loader(self.data.train, self.batch_size, shuffle=True,
                                    drop_last=tr["drop_last"] and len(self.data.train) >= self.batch_size,
