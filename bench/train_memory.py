@@ -7,8 +7,8 @@
 activations (PyTorch has no CPU equivalent) and heap memory handed back to the OS as the
 trainer does with a saver on. Each measurement runs in a fresh subprocess: one tiny warm-up
 step, then the peak RSS growth over that baseline (/proc/self/status VmHWM, reset through
-clear_refs), and for pocket also our tracker's total and activation peaks. A step is forward + cross entropy + backward +
-SGD(momentum). Writes bench/results/train_memory.{json,md}.
+clear_refs), and for pocket also our tracker's total and activation peaks. A step is
+forward + cross entropy + backward + SGD(momentum). Writes bench/results/train_memory.{json,md}.
 """
 
 from __future__ import annotations
