@@ -17,10 +17,7 @@ def train_from_config(config_path: str | None, overrides: dict, *, quiet: bool =
 
 
 def render(r: dict) -> str:
-    lines = []
-    if r.get("plan"):
-        lines.append(r["plan"])
-        lines.append("")
+    lines = []  # the memory plan, if any, was printed (stderr) before training began
     best = r.get("best") or {}
     lines.append(f"trained {r['epochs']} epochs ({r['steps']} steps) in {r['seconds']:.1f}s on "
                  f"{r['device']}, {r['precision']}, micro-batch {r['micro_batch']} x "
