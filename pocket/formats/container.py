@@ -450,7 +450,10 @@ def _read(path: str, mm: mmap.mmap, size: int, verify_crc: bool,
           expect_kind: str | None) -> Container:
     h = decode_header(mm[:HEADER_SIZE])
     if expect_kind is not None and h["kind"] != expect_kind:
-        raise FormatError(f"header.kind: expected a {expect_kind} file, got a {h['kind']}")
+        hint = {"model": "; export it first: pocket export CKPT -o model.bin",
+                "checkpoint": "; give the training checkpoint (.ckpt) it was exported from"}
+        raise FormatError(f"header.kind: expected a {expect_kind} file, got a {h['kind']}"
+                          + hint.get(expect_kind, ""))
     minor = h["pocket"][1]
     g_len, g_crc = h["g"]
     d_len, d_crc = h["d"]
