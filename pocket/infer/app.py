@@ -41,9 +41,11 @@ def _classify(eng: Engine, name: str, y: np.ndarray, top_k: int) -> list[dict]:
 
 
 def _regress(eng: Engine, name: str, y: np.ndarray) -> list[dict]:
-    target = eng.metadata.get("target") or {}
+    # The trainer standardizes regression targets and records how, with the preprocessing.
+    target = eng.metadata.get("target") or eng.preprocessing.get("target") or {}
     y = y.reshape(y.shape[0], -1).astype(np.float64)
-    y = y * float(target.get("std", 1.0)) + float(target.get("mean", 0.0))
+    y = y * np.asarray(target.get("std", 1.0), np.float64) + np.asarray(target.get("mean", 0.0),
+                                                                         np.float64)
     rows = []
     for i, v in enumerate(y):
         row = {"name": name if len(y) == 1 else f"{name}[{i}]", "values": [float(t) for t in v]}

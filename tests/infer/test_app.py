@@ -58,11 +58,16 @@ def test_image_preprocessing(classifier, tmp_path):
     assert [r["name"] for r in res["results"]] == [str(tmp_path / "a.png"), str(tmp_path / "b.png")]
 
 
-def test_csv_regression(tmp_path):
+@pytest.mark.parametrize("where", ["metadata", "preprocessing"])
+def test_csv_regression(tmp_path, where):
+    # The trainer records the target's standardization inside the preprocessing block.
     b = Builder((3,), np.random.default_rng(2))
     b.linear(3, 1)
-    g = b.graph({"task": "regression", "target": {"name": "price", "mean": 10.0, "std": 2.0},
-                 "preprocessing": {"columns": ["a", "b", "c"], "mean": [1, 2, 3], "std": [1, 2, 4]}})
+    target = {"name": "price", "mean": 10.0, "std": 2.0}
+    pre = {"columns": ["a", "b", "c"], "mean": [1, 2, 3], "std": [1, 2, 4]}
+    meta = {"task": "regression", "preprocessing": pre}
+    (meta if where == "metadata" else pre)["target"] = target
+    g = b.graph(meta)
     path = save_model(tmp_path / "r.bin", g, b.params)
     (tmp_path / "t.csv").write_text("c,b,extra,a\n4,6,x,2\n3,2,y,1\n")
     res = app.infer(str(path), [str(tmp_path / "t.csv")])
