@@ -17,9 +17,12 @@ CPU loops are Numba kernels (`kernels_cpu`); the GPU path uses strided slicing p
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from pocket.train import backend
+from pocket.train.memory import get_tracker
 from pocket.train.tensor import Tensor, as_tensor, primitive, saved_activations_fp16
 
 CONV_WORKSPACE_BYTES = {"cpu": 16 << 20, "cuda": 256 << 20}
@@ -37,6 +40,19 @@ def _chunks(n: int, bytes_per_item: int, device: str):
     step = max(1, min(n, CONV_WORKSPACE_BYTES[device] // max(bytes_per_item, 1)))
     for n0 in range(0, n, step):
         yield n0, min(n, n0 + step)
+
+
+@contextlib.contextmanager
+def _temporaries(*arrays):
+    """Count a conv chunk's workspace (columns, GEMM results) in the memory report while it
+    lives: it is the largest memory a step holds beyond what the graph saves."""
+    tracker = get_tracker()
+    key = ("conv_workspace", id(arrays[0]))
+    tracker.alloc("temporaries", key, sum(int(a.nbytes) for a in arrays))
+    try:
+        yield
+    finally:
+        tracker.free("temporaries", key)
 
 
 def _im2col(x, k, s, p, d, ho, wo):
@@ -138,7 +154,10 @@ def _conv2d_fwd(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1
     dev = "cpu" if xp is np else "cuda"
     for n0, n1 in _chunks(n, ho * wo * c * kh * kw * x.itemsize, dev):
         col = _im2col(x[n0:n1], k, stride, padding, dilation, ho, wo)  # (K, m)
-        _to_nchw(_grouped_mm(wg, col, groups), b, out[n0:n1])
+        y = _grouped_mm(wg, col, groups)
+        with _temporaries(col, y):
+            _to_nchw(y, b, out[n0:n1])
+        del col, y
     ctx.save(x if ctx.needs[1] else None, w if ctx.needs[0] else None)
     ctx.attrs.update(x_shape=x.shape, w_shape=w.shape, k=k, s=stride, p=padding, d=dilation,
                      g=groups, ho=ho, wo=wo, dtype=x.dtype)
@@ -173,14 +192,18 @@ def _conv2d_bwd(ctx, gy):
         m = gy_r.shape[1]
         if need_w:
             col = _im2col(x[n0:n1], k, s, p, d, ho, wo)  # (K, m)
-            if g == 1:
-                gw[0] += gy_r @ col.T
-            else:
-                gw += xp.matmul(gy_r.reshape(g, -1, m), col.reshape(g, -1, m).transpose(0, 2, 1))
+            with _temporaries(gy_r, col):
+                if g == 1:
+                    gw[0] += gy_r @ col.T
+                else:
+                    gw += xp.matmul(gy_r.reshape(g, -1, m),
+                                    col.reshape(g, -1, m).transpose(0, 2, 1))
             del col
         if need_x:
             gcol = _grouped_mm(wt, gy_r, g)  # (C*kh*kw, m)
-            _col2im(gcol, k, s, p, d, ho, wo, gx[n0:n1])
+            with _temporaries(gy_r, gcol):
+                _col2im(gcol, k, s, p, d, ho, wo, gx[n0:n1])
+            del gcol
         if need_b:
             gb += gy_r.sum(axis=1)
     return gx, gw.reshape(at["w_shape"]) if need_w else None, gb

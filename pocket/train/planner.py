@@ -11,7 +11,8 @@ added although the backward frees the first while it fills the second):
                      micro-batches 2 and 4, fitted as slope * batch + intercept (activation
                      bytes are linear in the batch), plus a 10% margin
     temporaries      estimated, not measured: the im2col columns of the largest convolution
-                     (chunked by `conv.CONV_WORKSPACE_BYTES`); the tracker does not count them
+                     (chunked by `conv.CONV_WORKSPACE_BYTES`); the tracker counts them when
+                     they exist, as temporaries
 
 Search order: the largest micro-batch dividing the batch, trying no saver, then checkpointing
 (about sqrt(children) segments), then fp16 saved activations as well, then fp16 precision (only

@@ -254,6 +254,8 @@ class Trainer:
         self.model.eval()
         outs = []
         bs = self.cfg["train"]["eval_batch_size"]
+        if self.plan is not None:
+            bs = min(bs, self.micro_batch)  # what fits training fits evaluation
         with no_grad():
             for i in range(0, len(x), bs):
                 xb = Tensor(self.amp.cast_input(backend.to_device(x[i:i + bs], self.device)))
