@@ -560,11 +560,9 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
         for c in range(d["kc"]):
             k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
             calls.append(partial(np.matmul, xf[:, k0:k1], wf[:, k0:k1].T, out=yf[c]))
-        return [*calls, partial(ki.requant_sum, y.reshape(n, o, 1), yf.reshape(d["kc"], n * o, 1), o, 0,
-                                *epi)]
+        return [*calls, partial(ki.requant_rows, y.reshape(n, o), yf, *epi)]
     return [partial(np.matmul, x, d["wT"], out=y),
-            partial(kf.bias_act, y.reshape(n, -1, 1), y.reshape(-1, 1), y.shape[1], 0, d["b"],
-                    _act_code(a), a["alpha"])]
+            partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), a["alpha"])]
 
 
 def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:

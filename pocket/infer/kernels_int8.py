@@ -136,6 +136,50 @@ def requant_sum(out, yf, rb, cb, bias_adj, m, to_int8, y_zp, lo, relu):
 
 
 @njit(cache=True, parallel=True, fastmath=False)
+def requant_rows(out, yf, bias_adj, m, to_int8, y_zp, lo, relu):
+    """yf (C, N, O) f32 partial sums over C chunks of K -> out (N, O) i8 or f32: `requant_sum`
+    for a linear, exact for the same reason.
+
+    NOTE: `requant_sum` sees a linear as rows of 1 element (P = 1) and pays a row's slicing per
+    element, ~10 ns, more than the GEMM at batch 64; here the inner loop runs along O.
+    """
+    kc = yf.shape[0]
+    n, o = out.shape
+    for i in prange(n):
+        dst, row0 = out[i], yf[0, i]
+        for oc in range(o):
+            acc = np.int64(row0[oc])
+            for c in range(1, kc):
+                acc += np.int64(yf[c, i, oc])
+            dst[oc] = _epilogue(acc + bias_adj[oc], m[oc], y_zp, lo, to_int8, relu)
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def _requant_pool_one_chunk(out, y, rb, cb, wd, kh, kw, sh, sw, bias_adj, m, to_int8, y_zp, lo, relu):
+    """`requant_sum_pool` for one chunk of K (y 2-D): the float max is exact, so take it in
+    float32 and convert once per output.
+
+    NOTE: the loop order of kernels_fp32.bias_act_pool (window offsets outside, output columns
+    inside, unsigned indices) lets LLVM vectorize the max; the per-output loop with the chunk
+    test inside it ran ~2.5x slower (cnn_mnist conv1 at batch 1).
+    """
+    n, o, ho, wo = out.shape
+    for r in prange(n * o):
+        b, oc = r // o, r % o
+        row = y[b * rb + oc, b * cb:]
+        badj, mo = bias_adj[oc], m[oc]
+        for oh in range(ho):
+            dst = out[b, oc, oh]
+            base = oh * sh * wd
+            for ow in range(wo):
+                f = row[np.uint64(base + ow * sw)]
+                for i in range(kh):
+                    for j in range(kw):
+                        f = max(f, row[np.uint64(base + i * wd + j + ow * sw)])
+                dst[ow] = _epilogue(np.int64(f) + badj, mo, y_zp, lo, to_int8, relu)
+
+
+@njit(cache=True, parallel=True, fastmath=False)
 def requant_sum_pool(out, yf, rb, cb, wd, kh, kw, sh, sw, bias_adj, m, to_int8, y_zp, lo, relu):
     """`requant_sum` with a fused unpadded maxpool: rows of H*W with row width wd ->
     out (N, O, Ho, Wo), the max over each kh x kw window.
@@ -145,6 +189,10 @@ def requant_sum_pool(out, yf, rb, cb, wd, kh, kw, sh, sw, bias_adj, m, to_int8, 
     """
     kc = yf.shape[0]
     n, o, ho, wo = out.shape
+    if kc == 1:
+        _requant_pool_one_chunk(out, yf[0], rb, cb, wd, kh, kw, sh, sw, bias_adj, m, to_int8, y_zp, lo,
+                                relu)
+        return
     for r in prange(n * o):
         b, oc = r // o, r % o
         row0 = yf[0, b * rb + oc, b * cb:]

@@ -83,11 +83,14 @@ def test_conv2d_fp32_activations(act):
 
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("n", [1, 7])
-def test_linear_fp32(act, n):
-    params = {"w": RNG.standard_normal((5, 13)).astype(np.float32),
-              "b": RNG.standard_normal(5).astype(np.float32)}
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_fp32(act, n, bias):
+    """kernels_fp32.bias_act_rows: the linear epilogue, with and without a bias."""
+    params = {"w": RNG.standard_normal((5, 13)).astype(np.float32)}
+    if bias:
+        params["b"] = RNG.standard_normal(5).astype(np.float32)
     x = RNG.standard_normal((n, 13)).astype(np.float32)
-    node = Node("fc", "linear", ["x", "w", "b"], ["y"], {"activation": act, "alpha": 0.05})
+    node = Node("fc", "linear", ["x", *params], ["y"], {"activation": act, "alpha": 0.05})
     got, want = run_both(x, [node], params)
     assert_close(got, want, scale=13)
 
@@ -279,6 +282,51 @@ def test_linear_int8_float_route_exact(n, k, mode):
     want = ref.run(g, params, x_q, quant)["y"]
     with Engine(FakeContainer(g, params, quant), max_batch=32) as eng:
         assert np.array_equal(eng.run(x_q), want)
+
+
+@pytest.mark.parametrize("kc", [1, 3])
+@pytest.mark.parametrize("mode", ["i8-relu", "i8", "f32-relu", "f32"])
+def test_requant_rows_matches_requant_sum(kc, mode):
+    """kernels_int8.requant_rows (the linear epilogue) equals requant_sum on P = 1 rows."""
+    from pocket.infer import kernels_int8 as ki
+
+    n, o = 5, 11
+    yf = RNG.integers(-2 ** 23, 2 ** 23, (kc, n, o)).astype(np.float32)
+    bias_adj = RNG.integers(-2 ** 20, 2 ** 20, o).astype(np.int64)
+    to_int8 = mode.startswith("i8")
+    m = qm.requant_multiplier(0.1, RNG.uniform(1e-3, 1e-2, o).astype(np.float32), 500.0 if to_int8 else None)
+    relu = "relu" in mode
+    epi = (bias_adj, m, to_int8, -2.0 if to_int8 else 0.0, (-2.0 if relu else -128.0) if to_int8 else -128.0,
+           relu)
+    dtype = np.int8 if to_int8 else np.float32
+    got, want = np.empty((n, o), dtype), np.empty((n, o), dtype)
+    ki.requant_rows(got, yf, *epi)
+    ki.requant_sum(want.reshape(n, o, 1), yf.reshape(kc, n * o, 1), o, 0, *epi)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("k,s", FUSED_POOLS)
+def test_requant_sum_pool_one_chunk_matches_split(k, s):
+    """The one-chunk fast path of requant_sum_pool equals its general path (the same integer
+    sums split over two chunks), for both row layouts the engine uses."""
+    from pocket.infer import kernels_int8 as ki
+
+    n, o, h, w = 3, 5, 7, 6
+    ho, wo = (h - k[0]) // (s or k)[0] + 1, (w - k[1]) // (s or k)[1] + 1
+    geom = (w, k[0], k[1], (s or k)[0], (s or k)[1])
+    bias_adj = RNG.integers(-2 ** 20, 2 ** 20, o).astype(np.int64)
+    m = qm.requant_multiplier(0.1, RNG.uniform(1e-3, 1e-2, o).astype(np.float32), 500.0)
+    epi = (bias_adj, m, True, -2.0, -2.0, True)
+    whole = RNG.integers(-2 ** 23, 2 ** 23, (o, n * h * w)).astype(np.float32)
+    part = RNG.integers(-2 ** 22, 2 ** 22, whole.shape).astype(np.float32)
+    split = np.stack([part, whole - part])
+    for rb, cb, shape in [(0, h * w, (o, n * h * w)), (o, 0, (n * o, h * w))]:
+        y1 = whole.reshape(o, n, h * w).transpose(1, 0, 2).reshape(shape) if rb else whole
+        y2 = split.reshape(2, o, n, h * w).transpose(0, 2, 1, 3).reshape(2, *shape) if rb else split
+        got, want = np.empty((n, o, ho, wo), np.int8), np.empty((n, o, ho, wo), np.int8)
+        ki.requant_sum_pool(got, y1[None], rb, cb, *geom, *epi)
+        ki.requant_sum_pool(want, y2, rb, cb, *geom, *epi)
+        assert np.array_equal(got, want)
 
 
 @pytest.mark.parametrize("int8", [False, True])
