@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_step import (  # noqa: E402
     MODELS,
-    ROOT,
     _status_bytes,
     build_pocket,
     build_torch,
+    worker_env,
     write_results,
 )
 
@@ -104,11 +104,7 @@ def worker(framework: str, model: str, batch: int, steps: int, savers: bool) -> 
 
 
 def run_one(framework, model, batch, steps, threads, savers) -> dict:
-    env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                "NUMBA_NUM_THREADS"):
-        env[var] = str(threads)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = worker_env(threads)
     cmd = [sys.executable, __file__, "--worker", framework, "--models", model,
            "--batch", str(batch), "--steps", str(steps)] + (["--savers"] if savers else [])
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)

@@ -137,12 +137,18 @@ def worker(framework: str, model: str, batch: int, steps: int, threads: int,
     return out
 
 
-def run_one(framework, model, batch, steps, threads, profile=False) -> dict:
+def worker_env(threads: int) -> dict:
+    """The environment of a measuring subprocess: every thread pool at `threads`, pocket importable."""
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                 "NUMBA_NUM_THREADS"):
         env[var] = str(threads)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_one(framework, model, batch, steps, threads, profile=False) -> dict:
+    env = worker_env(threads)
     cmd = [sys.executable, __file__, "--worker", framework, "--models", model,
            "--batches", str(batch), "--steps", str(steps), "--threads", str(threads)]
     if profile:
