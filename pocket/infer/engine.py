@@ -12,9 +12,11 @@ validates the graph, rejects every unsupported op in one error, and plans:
   sgemm, and one epilogue pass (bias, activation, a fused maxpool, back to NCHW);
 - plan-level fusion: a conv2d whose only reader is an unpadded maxpool2d (and whose
   activation is non-decreasing) writes the pooled output from its epilogue; the IR is unchanged;
-- int8 conv2d/linear with enough rows run as exact float32 BLAS GEMMs on the int8 codes; the
-  float32 copies of weights and inputs live in the node's scratch for that call only, so
-  arena_bytes counts them and the mmapped int8 weights stay the only lasting copy;
+- int8 conv2d (groups 1) and linear on a CPU with AVX-512 VNNI run the int8 GEMMs of
+  kernels_vnni (64 int8 multiply-adds per instruction); elsewhere, those with enough rows run
+  as exact float32 BLAS GEMMs on the int8 codes, the float32 copies of weights and inputs
+  living in the node's scratch for that call only, so arena_bytes counts them and the mmapped
+  int8 weights stay the only lasting copy (lowering.py holds each op's choices);
 - for each batch size seen, the bound calls (kernels with their views) are built once and
   cached, so `run()` after the first call of a batch size allocates no arrays; calls with
   little work (batch 1, small layers) run on the calling thread alone (see _PARALLEL_WORK).
@@ -39,11 +41,11 @@ from typing import Any
 import numpy as np
 
 from pocket.errors import PocketError
-from pocket.formats import quant as qm
 from pocket.formats.errors import FormatError
-from pocket.formats.ir import Graph, Node, ValueInfo
+from pocket.formats.ir import Graph, ValueInfo
 from pocket.infer import kernels_fp32 as kf
-from pocket.infer import kernels_int8 as ki
+from pocket.infer import kernels_vnni as kv
+from pocket.infer.lowering import ALIAS_OPS, ALIGN, BUILDERS, PREPARE, no_prep
 
 
 class EngineError(PocketError):
@@ -52,14 +54,6 @@ class EngineError(PocketError):
 
 _NP = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8, "i32": np.int32,
        "i64": np.int64}
-_ALIGN = 64
-_SCRATCH_BYTES = 8 << 20  # im2col + GEMM result per chunk: a few MiB, in cache, few GEMM calls
-_ALIAS_OPS = ("flatten", "reshape", "dropout")
-# An int8 conv/linear with at least this many output rows (batch x pixels) per weight runs as
-# float32 BLAS GEMMs on the int8 codes (exact, see kernels_int8.requant_sum): BLAS sgemm is 3-4x
-# faster than a vectorized int8 dot in Numba, and converting the weights each call costs one
-# pass over them, which this many rows amortize. Below it, the int8 dot kernel (gemm_q).
-_F32_ROUTE_ROWS = 16
 # A call with less work than this (multiply-adds for a GEMM, 16 per element written for a
 # kernel) runs on the calling thread: below it a thread pool's wake-up and barrier cost more
 # than the work they share (batch 1, small layers).
@@ -113,10 +107,10 @@ class Engine:
             raise FormatError("graph: the model container holds no graph")
         if max_batch < 1:
             raise EngineError(f"max_batch must be >= 1, got {max_batch}")
-        unsupported = sorted({n.op for n in graph.nodes if n.op not in _BUILDERS})
+        unsupported = sorted({n.op for n in graph.nodes if n.op not in BUILDERS})
         if unsupported:
             raise EngineError(f"this engine cannot run op(s) {', '.join(unsupported)}; "
-                              f"it supports {', '.join(sorted(_BUILDERS))}")
+                              f"it supports {', '.join(sorted(BUILDERS))}")
         self.graph: Graph = graph
         self._infos = graph.validate()
         batch = next(iter(graph.inputs.values())).shape[0]
@@ -125,7 +119,7 @@ class Engine:
         self._params = {name: self._container.tensors[name] for name in graph.params}
         self._sample = {v: _per_sample(info, f"value '{v}'") for v, info in self._infos.items()
                         if v not in graph.params}
-        self._prep = [_PREPARE.get(n.op, _no_prep)(self, n) for n in graph.nodes]
+        self._prep = [PREPARE.get(n.op, no_prep)(self, n) for n in graph.nodes]
         self._pool_after = self._fusable_pools()
         self._skip: set[int] = set()
         self._plan_arena()
@@ -214,7 +208,7 @@ class Engine:
             out, a = node.outputs[0], node.attrs
             steps = readers.get(out, [])
             if (node.op != "conv2d" or out in self.graph.outputs or len(steps) != 1
-                    or self._prep[step].get("kind") not in ("im2col", "gemm", "int8")):
+                    or self._prep[step].get("kind") not in ("im2col", "gemm", "int8", "vnni")):
                 continue
             pool = self.graph.nodes[steps[0]]
             act = kf.ACT[a.get("activation", "none")]
@@ -231,7 +225,7 @@ class Engine:
         def nbytes(v: str) -> int:
             size = self.max_batch * math.prod(self._sample[v]) * np.dtype(
                 _NP[self._infos[v].dtype]).itemsize
-            return -(-size // _ALIGN) * _ALIGN
+            return -(-size // ALIGN) * ALIGN
 
         for name in g.inputs:
             buffers[name] = _Buffer(nbytes(name), -1, -1)
@@ -240,7 +234,7 @@ class Engine:
                 if v in root:
                     buffers[root[v]].last = step
             out = node.outputs[0]
-            if node.op in _ALIAS_OPS:
+            if node.op in ALIAS_OPS:
                 if node.inputs[0] not in root:
                     raise EngineError(f"node '{node.name}': {node.op} of a param is not supported")
                 root[out] = root[node.inputs[0]]
@@ -249,7 +243,7 @@ class Engine:
                 buffers[out] = _Buffer(nbytes(out), step, step)
             scratch = self._prep[step].get("scratch_bytes", 0)
             if scratch:
-                buffers[f"#scratch{step}"] = _Buffer(-(-scratch // _ALIGN) * _ALIGN, step, step)
+                buffers[f"#scratch{step}"] = _Buffer(-(-scratch // ALIGN) * ALIGN, step, step)
         for conv_step, pool_step in self._pool_after.items():
             # a fused conv writes the pool's output while it still reads its input and scratch
             buffers[root[g.nodes[pool_step].outputs[0]]].first = conv_step
@@ -258,8 +252,8 @@ class Engine:
                 raise EngineError(f"output '{o}' is a param; this engine returns computed values")
             buffers[root[o]].last = len(g.nodes)
         total = _assign_offsets(list(buffers.values()))
-        raw = np.zeros(total + _ALIGN, np.uint8)
-        start = (-raw.ctypes.data) % _ALIGN
+        raw = np.zeros(total + ALIGN, np.uint8)
+        start = (-raw.ctypes.data) % ALIGN
         self._arena = raw[start:start + total]
         self._root, self._buffers = root, buffers
 
@@ -292,7 +286,7 @@ class Engine:
             for step, node in enumerate(g.nodes):
                 if step in self._skip:
                     continue
-                for call in _BUILDERS[node.op](self, step, node, n):
+                for call in BUILDERS[node.op](self, step, node, n):
                     # NOTE: a fork/join of either pool costs tens of microseconds (far more on
                     # a loaded machine): a small call runs on the calling thread alone.
                     serial = self._threads > 1 and _call_work(call) < _PARALLEL_WORK
@@ -392,6 +386,11 @@ def _call_work(call: partial) -> int:
     """A bound call's work, for the serial/parallel choice (see _PARALLEL_WORK)."""
     if call.func is np.matmul:
         return call.keywords["out"].size * call.args[0].shape[-1]
+    # NOTE: a VNNI multiply-add costs about a quarter of a float32 one
+    if call.func is kv.gemm_cols:
+        return call.args[0].size * call.args[2].shape[0]
+    if call.func is kv.gemm_rows:
+        return call.args[0].size * call.args[2].shape[1] // 4
     return 16 * max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)
 
 
@@ -429,285 +428,3 @@ def _assign_offsets(buffers: list[_Buffer]) -> int:
         placed.append(b)
         total = max(total, offset + b.nbytes)
     return total
-
-
-# --------------------------------------------------------------------------- per-op preparation
-# A prepare function runs once at load: kernel-friendly views of the weights, int8 constants,
-# and the scratch size. A builder binds one node to the views of one batch size.
-
-
-def _no_prep(eng: Engine, node: Node) -> dict:
-    return {}
-
-
-_EMPTY_F32 = np.zeros(0, np.float32)
-
-
-def _act_code(a: dict) -> int:
-    return kf.ACT[a.get("activation", "none")]
-
-
-def _int8_consts(eng: Engine, node: Node, w: np.ndarray) -> dict:
-    a = node.attrs
-    qp = eng._container.quant(node.inputs[1])
-    o = w.shape[0]
-    if qp is None or len(qp.get("scale", [])) != o or qp.get("axis", 0) not in (0, None):
-        raise FormatError(f"node '{node.name}': int8 weight '{node.inputs[1]}' needs {o} "
-                          "per-output-channel scales (axis 0) in the container")
-    w_scale = np.asarray(qp["scale"], np.float32)
-    wsum = ki.weight_sums(w.reshape(o, -1))
-    b = eng._params[node.inputs[2]] if len(node.inputs) > 2 else np.zeros(o, np.int32)
-    to_int8 = a.get("y_scale") is not None
-    relu = a.get("activation", "none") == "relu"
-    y_zp = a["y_zero_point"] if to_int8 else 0
-    return {
-        # NOTE: int64, so b_q - x_zp * wsum never wraps, whatever the weights.
-        "bias_adj": b.astype(np.int64) - np.int64(a["x_zero_point"]) * wsum.astype(np.int64),
-        "m": qm.requant_multiplier(a["x_scale"], w_scale, a.get("y_scale")),
-        "to_int8": to_int8, "y_zp": float(y_zp), "lo": float(y_zp if relu else qm.QMIN), "relu": relu,
-    }
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
-
-
-def _prep_linear(eng: Engine, node: Node) -> dict:
-    w = eng._params[node.inputs[1]]
-    if "x_scale" in node.attrs:
-        o, k = w.shape
-        kc = -(-k // ki.EXACT_K)
-        # float32 route scratch: weights, input rows, kc partial sums
-        sizes = (o * k * 4, eng.max_batch * k * 4, kc * eng.max_batch * o * 4)
-        scratch = sum(map(_aligned, sizes)) if eng.max_batch >= _F32_ROUTE_ROWS else 0
-        return {"w": w, "kc": kc, "sizes": sizes, "scratch_bytes": scratch,
-                **_int8_consts(eng, node, w)}
-    b = eng._params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
-    return {"wT": w.T, "b": b}
-
-
-def _conv_geometry(eng: Engine, node: Node) -> dict:
-    a = node.attrs
-    x_shape = eng._sample[node.inputs[0]]
-    w = eng._params[node.inputs[1]]
-    o, cg, kh, kw = w.shape
-    c, h, wd = x_shape
-    (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
-    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    return {"w": w, "o": o, "k": c * kh * kw, "p": ho * wo, "geom": (kh, kw, sh, sw, ph, pw, dh, dw),
-            "groups": a["groups"]}
-
-
-def _prep_conv2d(eng: Engine, node: Node) -> dict:
-    d = _conv_geometry(eng, node)
-    w, o, k, p, g = d["w"], d["o"], d["k"], d["p"], d["groups"]
-    kh, kw, sh, sw, ph, pw = d["geom"][:6]
-    if "x_scale" in node.attrs:
-        d.update(_int8_consts(eng, node, w))
-        d["w2"] = w.reshape(o, k // g)
-        d["kind"] = "int8"
-        d["kc"] = -(-k // ki.EXACT_K)
-        # float32 route (groups == 1): weights (O, K) f32 once, then per image col (K, P) f32
-        # and kc partial sums (O, P) f32; it also covers the int8 im2row route's (P, K) i8.
-        d["w_bytes"] = _aligned(o * k * 4) if g == 1 else 0
-        per_image = k * p * 4 + (d["kc"] * o * p * 4 if g == 1 else 0)
-    else:
-        d["b"] = eng._params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
-        if g > 1 and w.shape[1] == 1:
-            d["kind"] = "direct"
-            return d
-        if g == 1 and kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
-            d["kind"] = "pointwise"
-            d["w2"] = w.reshape(o, k)
-            return d
-        d["w_bytes"] = 0
-        if g == 1:  # one wide GEMM per chunk: col (K, m*P) and its result (O, m*P)
-            d["kind"] = "gemm"
-            d["w2"] = w.reshape(o, k)
-            per_image = (k + o) * p * 4
-        else:
-            d["kind"] = "im2col"
-            d["w2"] = w.reshape(g, o // g, k // g)
-            per_image = k * p * 4
-    d["chunk"] = max(1, min(eng.max_batch, _SCRATCH_BYTES // per_image))
-    d["scratch_bytes"] = d["w_bytes"] + _aligned(d["chunk"] * k * p * 4) + d["chunk"] * (
-        per_image - k * p * 4)
-    return d
-
-
-_PREPARE = {"linear": _prep_linear, "conv2d": _prep_conv2d}
-
-
-# --------------------------------------------------------------------------- builders
-
-
-def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
-    d, a = eng._prep[step], node.attrs
-    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
-    if "w" in d:  # int8
-        epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
-        w = d["w"]
-        o, k = w.shape
-        if n < _F32_ROUTE_ROWS:
-            return [partial(ki.gemm_q, y.reshape(n, o, 1), x.reshape(n, 1, k), w, epi[0], epi[1], 1,
-                            *epi[2:])]
-        at = [0, _aligned(d["sizes"][0]), _aligned(d["sizes"][0]) + _aligned(d["sizes"][1])]
-        wf = eng._scratch(step, np.float32, (o, k), at[0])
-        xf = eng._scratch(step, np.float32, (n, k), at[1])
-        yf = eng._scratch(step, np.float32, (d["kc"], n, o), at[2])
-        calls = [partial(np.copyto, wf, w), partial(np.copyto, xf, x.reshape(n, k))]
-        for c in range(d["kc"]):
-            k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
-            calls.append(partial(np.matmul, xf[:, k0:k1], wf[:, k0:k1].T, out=yf[c]))
-        return [*calls, partial(ki.requant_rows, y.reshape(n, o), yf, *epi)]
-    return [partial(np.matmul, x, d["wT"], out=y),
-            partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), a["alpha"])]
-
-
-def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
-    d, a = eng._prep[step], node.attrs
-    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
-    o, k, p, g, geom = d["o"], d["k"], d["p"], d["groups"], d["geom"]
-    act, alpha = _act_code(a), a["alpha"]
-    if d["kind"] == "direct":
-        return [partial(kf.conv2d_direct, y, x, d["w"], d["b"], *geom[2:], act, alpha)]
-    y3 = y.reshape(n, o, p)
-    if d["kind"] == "pointwise":
-        return [partial(np.matmul, d["w2"], x.reshape(n, k, p), out=y3),
-                partial(kf.bias_act, y3, y3.reshape(n * o, p), o, 0, d["b"], act, alpha)]
-    calls = []
-    # a fused maxpool: the conv writes the pooled output; its own output buffer goes unused
-    pool, pool_geom, x_w = None, (), y.shape[3]
-    pstep = eng._pool_after.get(step)
-    if pstep is not None and (d["kind"] in ("im2col", "gemm") or (g == 1 and n * p >= _F32_ROUTE_ROWS)):
-        pnode = eng.graph.nodes[pstep]
-        pool, pool_geom = eng._view(pnode.outputs[0], n), _pool_geom(pnode.attrs)[:4]
-        eng._skip.add(pstep)
-    for start in range(0, n, d["chunk"]):
-        m = min(d["chunk"], n - start)
-        xs, ys = x[start:start + m], y3[start:start + m]
-        if d["kind"] == "int8" and g == 1 and n * p >= _F32_ROUTE_ROWS:
-            if start == 0:
-                calls.append(partial(np.copyto, eng._scratch(step, np.float32, (o, k)), d["w2"]))
-            wf = eng._scratch(step, np.float32, (o, k))
-            col = eng._scratch(step, np.float32, (k, m * p), d["w_bytes"])
-            yf = eng._scratch(step, np.float32, (d["kc"], o, m * p),
-                              d["w_bytes"] + _aligned(d["chunk"] * k * p * 4))
-            calls.append(partial(kf.im2col, col, xs, *geom, np.float32(a["x_zero_point"]), 0, p))
-            for c in range(d["kc"]):
-                k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
-                calls.append(partial(np.matmul, wf[:, k0:k1], col[k0:k1], out=yf[c]))
-            epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
-            if pool is None:
-                calls.append(partial(ki.requant_sum, ys, yf, 0, p, *epi))
-            else:
-                calls.append(partial(ki.requant_sum_pool, pool[start:start + m], yf, 0, p, x_w,
-                                     *pool_geom, *epi))
-        elif d["kind"] == "int8":
-            col = eng._scratch(step, np.int8, (m, p, k))
-            calls += [partial(ki.im2row, col, xs, *geom, np.int8(a["x_zero_point"])),
-                      partial(ki.gemm_q, ys, col, d["w2"], d["bias_adj"], d["m"], g, d["to_int8"], d["y_zp"],
-                              d["lo"], d["relu"])]
-        elif d["kind"] == "gemm":
-            col = eng._scratch(step, np.float32, (k, m * p))
-            yw = eng._scratch(step, np.float32, (o, m * p), _aligned(d["chunk"] * k * p * 4))
-            calls += [partial(kf.im2col, col, xs, *geom, np.float32(0), 0, p),
-                      partial(np.matmul, d["w2"], col, out=yw),
-                      partial(kf.bias_act, ys, yw, 0, p, d["b"], act, alpha) if pool is None else
-                      partial(kf.bias_act_pool, pool[start:start + m], yw, 0, p, x_w, *pool_geom,
-                              d["b"], act, alpha)]
-        else:
-            col = eng._scratch(step, np.float32, (m, k, p))
-            calls += [partial(kf.im2col, col.reshape(m * k, p), xs, *geom, np.float32(0), k, 0),
-                      partial(np.matmul, d["w2"], col.reshape(m, g, k // g, p),
-                              out=ys.reshape(m, g, o // g, p)),
-                      partial(kf.bias_act, ys, ys.reshape(m * o, p), o, 0, d["b"], act, alpha)
-                      if pool is None else
-                      partial(kf.bias_act_pool, pool[start:start + m], ys.reshape(m * o, p), o, 0, x_w,
-                              *pool_geom, d["b"], act, alpha)]
-    return calls
-
-
-def _b_unary(eng: Engine, step: int, node: Node, n: int) -> list:
-    a = node.attrs
-    code = kf.ACT["gelu_tanh" if a.get("approximate") == "tanh" else node.op]
-    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
-    return [partial(kf.unary, y.reshape(-1), x.reshape(-1), code, a.get("alpha", 0.0))]
-
-
-def _pool_geom(a: dict) -> tuple[int, ...]:
-    k = a["kernel"]
-    s = a.get("stride") or k
-    return (k[0], k[1], s[0], s[1], a["padding"][0], a["padding"][1])
-
-
-def _b_maxpool2d(eng, step, node, n):
-    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
-    return [partial(kf.maxpool2d, y, x, *_pool_geom(node.attrs))]
-
-
-def _b_avgpool2d(eng, step, node, n):
-    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
-    return [partial(kf.avgpool2d, y, x, *_pool_geom(node.attrs), node.attrs["count_include_pad"])]
-
-
-def _b_global_avgpool(eng, step, node, n):
-    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
-    return [partial(kf.global_avgpool, y.reshape(n, -1), x.reshape(n, x.shape[1], -1))]
-
-
-def _b_batchnorm(eng, step, node, n):
-    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
-    params = [eng._params[v] for v in node.inputs[1:]]
-    return [partial(kf.batchnorm, y.reshape(n, y.shape[1], -1), x.reshape(n, x.shape[1], -1),
-                    *params, node.attrs["eps"])]
-
-
-def _b_alias(eng, step, node, n):
-    return []
-
-
-def _b_add(eng, step, node, n):
-    a, b = (eng._view(v, n) for v in node.inputs)
-    y = eng._view(node.outputs[0], n)
-    if a.shape == b.shape == y.shape:
-        return [partial(kf.add, y.reshape(-1), a.reshape(-1), b.reshape(-1))]
-    return [partial(np.add, a, b, out=y)]
-
-
-def _b_concat(eng, step, node, n):
-    y = eng._view(node.outputs[0], n)
-    axis = node.attrs["axis"] % y.ndim
-    rows = math.prod(y.shape[:axis])
-    y2 = y.reshape(rows, -1)
-    calls, start = [], 0
-    for v in node.inputs:
-        x2 = eng._view(v, n).reshape(rows, -1)
-        calls.append(partial(kf.copy_cols, y2, x2, start))
-        start += x2.shape[1]
-    return calls
-
-
-def _b_softmax(eng, step, node, n):
-    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
-    axis = node.attrs["axis"] % x.ndim
-    shape = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
-    return [partial(kf.softmax, y.reshape(shape), x.reshape(shape))]
-
-
-def _b_quantize(eng, step, node, n):
-    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
-    a = node.attrs
-    kernel = ki.quantize if node.op == "quantize" else ki.dequantize
-    return [partial(kernel, y.reshape(-1), x.reshape(-1), a["scale"], a["zero_point"])]
-
-
-_BUILDERS = {
-    "linear": _b_linear, "conv2d": _b_conv2d, "batchnorm": _b_batchnorm,
-    "relu": _b_unary, "leaky_relu": _b_unary, "sigmoid": _b_unary, "tanh": _b_unary,
-    "gelu": _b_unary, "maxpool2d": _b_maxpool2d, "avgpool2d": _b_avgpool2d,
-    "global_avgpool": _b_global_avgpool, "flatten": _b_alias, "reshape": _b_alias,
-    "dropout": _b_alias, "add": _b_add, "concat": _b_concat, "softmax": _b_softmax,
-    "quantize": _b_quantize, "dequantize": _b_quantize,
-}

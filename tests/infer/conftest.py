@@ -3,3 +3,17 @@ from pathlib import Path
 
 # the helpers in models.py are imported by plain name from the tests of this folder
 sys.path.insert(0, str(Path(__file__).parent))
+
+import pytest  # noqa: E402
+
+from pocket.infer import kernels_vnni  # noqa: E402
+
+
+@pytest.fixture(params=["vnni", "portable"])
+def int8_route(request, monkeypatch):
+    """Run an int8 test through both int8 GEMM routes: the AVX-512 VNNI kernels (skipped on a
+    CPU without them) and the portable ones every other CPU uses."""
+    if request.param == "vnni" and not kernels_vnni.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    monkeypatch.setattr(kernels_vnni, "AVAILABLE", request.param == "vnni")
+    return request.param

@@ -14,8 +14,7 @@ from pocket.errors import PocketError
 from pocket.formats import reference as ref
 from pocket.formats.container import read_container
 from pocket.formats.errors import FormatError
-from pocket.infer import Engine, EngineError
-from pocket.infer import engine as engine_mod
+from pocket.infer import Engine, EngineError, lowering
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +39,7 @@ def test_fp32_bin_matches_reference(mnist):
         np.testing.assert_allclose(eng.run(mnist["x"][:3]), want[:3], rtol=1e-5, atol=1e-5)
 
 
-def test_int8_bin_matches_reference_exactly(mnist):
+def test_int8_bin_matches_reference_exactly(mnist, int8_route):
     with Engine(mnist["qpath"]) as eng, read_container(mnist["qpath"]) as c:
         want = ref.run_container(c, mnist["x"])[c.graph.outputs[0]]
         assert np.array_equal(eng.run(mnist["x"]), want)
@@ -71,7 +70,7 @@ def test_weights_are_views_of_the_mmap(mnist):
                     assert any(np.shares_memory(prep[key], t) for t in tensors.values())
 
 
-def test_no_allocation_per_call(mnist):
+def test_no_allocation_per_call(mnist, int8_route):
     for path in (mnist["path"], mnist["qpath"]):
         with Engine(path) as eng:
             x = mnist["x"][:7]
@@ -115,8 +114,8 @@ def test_errors(mnist, tmp_path, monkeypatch):
         Engine(ck)
     with read_container(ck) as c, pytest.raises(FormatError, match="model"):
         Engine(c)
-    monkeypatch.delitem(engine_mod._BUILDERS, "maxpool2d")
-    monkeypatch.delitem(engine_mod._BUILDERS, "linear")
+    monkeypatch.delitem(lowering.BUILDERS, "maxpool2d")
+    monkeypatch.delitem(lowering.BUILDERS, "linear")
     with pytest.raises(EngineError, match="linear, maxpool2d") as e:
         Engine(mnist["path"])
     assert isinstance(e.value, PocketError)

@@ -169,7 +169,7 @@ def _int8_conv_params(c, o, kh, kw, g, x_scale, rng=RNG):
 @pytest.mark.parametrize("name", CONV_CASES)
 @pytest.mark.parametrize("n", [1, 7])
 @pytest.mark.parametrize("mode", ["i8-relu", "i8", "f32"])
-def test_conv2d_int8_exact(name, n, mode):
+def test_conv2d_int8_exact(name, n, mode, int8_route):
     c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
     xs, xzp = 0.05, 9  # a non-zero x_zp checks that padding holds x_zp
     params, quant = _int8_conv_params(c, o, kh, kw, g, xs)
@@ -184,7 +184,7 @@ def test_conv2d_int8_exact(name, n, mode):
 
 @pytest.mark.parametrize("n", [1, 7])
 @pytest.mark.parametrize("mode", ["i8-relu", "i8", "f32-relu"])
-def test_linear_int8_exact(n, mode):
+def test_linear_int8_exact(n, mode, int8_route):
     w_q, w_s = qm.quantize_weights(RNG.standard_normal((9, 37)).astype(np.float32))
     params = {"w": w_q, "b": qm.quantize_bias(RNG.standard_normal(9).astype(np.float32), 0.1, w_s)}
     quant = {"w": {"scale": w_s.tolist(), "zero_point": [0] * 9, "axis": 0}}
@@ -234,7 +234,7 @@ def test_conv_maxpool_fused_fp32(k, s, n, act):
 @pytest.mark.parametrize("k,s", FUSED_POOLS)
 @pytest.mark.parametrize("n", [1, 7])
 @pytest.mark.parametrize("mode", ["i8-relu", "i8", "f32"])
-def test_conv_maxpool_fused_int8_exact(k, s, n, mode):
+def test_conv_maxpool_fused_int8_exact(k, s, n, mode, int8_route):
     params, quant = _int8_conv_params(4, 6, 3, 3, 1, 0.05)
     x_q = RNG.integers(-128, 128, (n, 4, 10, 7)).astype(np.int8)
     attrs = {"padding": [1, 1], "stride": [1, 1], "x_scale": 0.05, "x_zero_point": -7,
@@ -249,7 +249,7 @@ def test_conv_maxpool_fused_int8_exact(k, s, n, mode):
 
 @pytest.mark.parametrize("n", [1, 7])
 @pytest.mark.parametrize("shape", [(120, 4, 5, 3, 3), (1100, 3, 2, 1, 1)])
-def test_conv2d_int8_long_k_exact(n, shape):
+def test_conv2d_int8_long_k_exact(n, shape, int8_route):
     """K > EXACT_K splits the float32 GEMM; extreme codes give the largest partial sums."""
     c, h, w, kh, kw = shape
     params, quant = _int8_conv_params(c, 8, kh, kw, 1, 0.01)
@@ -265,7 +265,7 @@ def test_conv2d_int8_long_k_exact(n, shape):
 @pytest.mark.parametrize("n", [1, 7, 17])
 @pytest.mark.parametrize("k", [37, 1100, 2100])
 @pytest.mark.parametrize("mode", ["i8-relu", "f32"])
-def test_linear_int8_float_route_exact(n, k, mode):
+def test_linear_int8_float_route_exact(n, k, mode, int8_route):
     """Batches of 16+ rows take the float32 GEMM route; 1 and 7 the int8 dot kernel."""
     w_q, w_s = qm.quantize_weights(RNG.standard_normal((9, k)).astype(np.float32))
     w_q[:3] = 127
@@ -330,12 +330,12 @@ def test_requant_sum_pool_one_chunk_matches_split(k, s):
 
 
 @pytest.mark.parametrize("int8", [False, True])
-def test_fused_pool_with_batch_chunks(int8, monkeypatch):
+def test_fused_pool_with_batch_chunks(int8, monkeypatch, int8_route):
     """A fused conv writes the pool's output while later chunks still read the conv's input:
     the arena must keep them apart (a tiny scratch budget forces one image per chunk)."""
-    from pocket.infer import engine as engine_mod
+    from pocket.infer import lowering
 
-    monkeypatch.setattr(engine_mod, "_SCRATCH_BYTES", 256)
+    monkeypatch.setattr(lowering, "SCRATCH_BYTES", 256)
     pool = {"kernel": [2, 2], "padding": [0, 0]}
     x = RNG.standard_normal((7, 3, 12, 10)).astype(np.float32)
     if int8:
@@ -373,7 +373,7 @@ def test_fused_pool_with_batch_chunks(int8, monkeypatch):
 @pytest.mark.parametrize("work", [0, 1 << 60])
 @pytest.mark.parametrize("n", [1, 7])
 @pytest.mark.parametrize("int8", [False, True])
-def test_serial_and_parallel_plans_agree(work, n, int8, monkeypatch):
+def test_serial_and_parallel_plans_agree(work, n, int8, monkeypatch, int8_route):
     """Every call parallel (work 0) or every call on the calling thread: same results, and
     run() leaves Numba's thread count as it found it."""
     import numba

@@ -1,0 +1,427 @@
+"""int8 GEMMs on x86 CPUs with AVX-512 VNNI; exact, so they must equal formats/reference.py
+bit for bit like every int8 kernel (see kernels_int8 for the arithmetic).
+
+One `vpdpbusd` multiplies 64 unsigned bytes by 64 signed bytes and adds each group of four
+products into one of 16 int32 lanes: 64 multiply-adds per instruction, 4x a float32 FMA's 16.
+Numba has no vector types, so the two inner loops are written as LLVM IR (`_tile`, `_dot`) and
+called from ordinary Numba kernels that walk the tiles.
+
+The unsigned operand is the activations shifted by +128 (x_u = x_q ^ 0x80, a bijection of the
+bytes); the engine folds the shift into the bias like x_zp (bias_adj = b_q - (x_zp + 128) *
+wsum). The weights are read in place, in their (O, C*kh*kw) layout; nothing is repacked.
+
+- conv2d (groups 1, K % 4 == 0) and linear with 16+ rows: `pack_cols` / `pack_rows_t` write
+  the activations as (K/4, Mp, 4) u8 (the four bytes of one pixel's k..k+3 together, Mp = rows
+  rounded up to 64), then `gemm_cols` -> c (O, Mp) int32: each `_tile` keeps 4 channels x 64
+  pixels in 16 zmm accumulators and broadcasts 4 weight bytes per channel per step;
+- linear with fewer rows: `pack_rows` -> (N, Kp) u8 (room for K rounded up to 64), then
+  `gemm_rows` -> c (N, O) int32: each `_dot` runs along K for 4 weight rows and reduces the
+  lanes at the end; the weight rows' last partial chunk is a masked load, never past the end.
+
+Exactness: all sums are int32; |x_u * w| <= 255 * 128, so K <= MAX_K keeps every partial sum
+in range and the int64 epilogue sees the true value. The engine uses these kernels only when
+`AVAILABLE` (the host CPU has AVX-512 VNNI and Numba compiles for the host); elsewhere (ARM,
+older x86) it keeps the portable kernels, and the LLVM here is never compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from pocket.infer.kernels_int8 import _epilogue
+
+MAX_K = (2**31 - 1) // (255 * 128)  # 65793: longer dot products could leave int32
+TILE_O, TILE_P = 4, 64  # a _tile's channels and pixels (4 x 4 zmm accumulators)
+BLOCK_K4 = 64  # K/4 steps per pass: 64 pixels x 256 bytes of activations stay in L1
+
+
+def _detect() -> bool:
+    """AVX-512 VNNI on the host and Numba compiling for the host; POCKET_INT8_VNNI=0 opts out."""
+    if os.environ.get("POCKET_INT8_VNNI", "1") == "0":
+        return False
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    import numba
+    from llvmlite import binding
+
+    # NOTE: a cache built for a named or generic CPU (NUMBA_CPU_NAME) must run on machines
+    # without these instructions, and LLVM could not select them for it anyway.
+    if numba.config.CPU_NAME not in (None, "host"):
+        return False
+    feats = binding.get_host_cpu_features()
+    return all(feats.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni"))
+
+
+AVAILABLE = _detect()
+
+_I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+_V16 = ir.VectorType(_I32, 16)
+_B64 = ir.VectorType(_I8, 64)
+
+
+def _const(v: int) -> ir.Constant:
+    return ir.Constant(_I64, v)
+
+
+def _ptr(builder, addr, ty):
+    return builder.inttoptr(addr, ty.as_pointer())
+
+
+def _vpdpbusd(builder):
+    fnty = ir.FunctionType(_V16, [_V16, _V16, _V16])
+    return cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
+
+
+def _loop(builder, count, carried, body):
+    """for i in range(count): carried = body(i, carried); returns the final carried values
+    (the initial ones when count <= 0). LLVM wants every phi at the top of its block."""
+    pre = builder.block
+    head = builder.append_basic_block("vnni.loop")
+    done = builder.append_basic_block("vnni.done")
+    builder.cbranch(builder.icmp_signed(">", count, _const(0)), head, done)
+    builder.position_at_end(head)
+    i = builder.phi(_I64)
+    phis = [builder.phi(v.type) for v in carried]
+    new = body(i, phis)
+    nxt = builder.add(i, _const(1))
+    end = builder.block
+    i.add_incoming(_const(0), pre)
+    i.add_incoming(nxt, end)
+    for p, v0, v1 in zip(phis, carried, new):
+        p.add_incoming(v0, pre)
+        p.add_incoming(v1, end)
+    builder.cbranch(builder.icmp_signed("<", nxt, count), head, done)
+    builder.position_at_end(done)
+    out = []
+    for v0, v1 in zip(carried, new):
+        p = builder.phi(v0.type)
+        p.add_incoming(v0, pre)
+        p.add_incoming(v1, end)
+        out.append(p)
+    return out
+
+
+def _make_tile(rows: int):
+    """c[r, 0:64] (+)= sum over k4 < n4 of w[r, 4k4:4k4+4] . xp[k4, 0:64, :] for r < rows.
+
+    Addresses in bytes: w (rows of ldw), xp (k4 rows of ldx), c (rows of ldc, int32). With
+    acc != 0 the sums start from c (a later block of K), else from zero.
+    """
+    nv = TILE_P // 16
+
+    @intrinsic
+    def tile(typingctx, w, ldw, xp, ldx, c, ldc, n4, acc):
+        sig = types.void(*[types.intp] * 8)
+
+        def codegen(context, builder, signature, args):
+            w, ldw, xp, ldx, c, ldc, n4, acc = args
+            dp = _vpdpbusd(builder)
+            start = builder.icmp_signed("!=", acc, _const(0))
+            c_at = [[builder.add(builder.add(c, builder.mul(_const(r), ldc)), _const(64 * v))
+                     for v in range(nv)] for r in range(rows)]
+            init = [builder.select(start, builder.load(_ptr(builder, a, _V16), align=4),
+                                   ir.Constant(_V16, None)) for row in c_at for a in row]
+
+            def step(i, accs):
+                xrow = builder.add(xp, builder.mul(i, ldx))
+                xs = [builder.load(_ptr(builder, builder.add(xrow, _const(64 * v)), _V16), align=4)
+                      for v in range(nv)]
+                woff = builder.add(w, builder.mul(i, _const(4)))
+                out = []
+                for r in range(rows):
+                    word = builder.load(_ptr(builder, builder.add(woff, builder.mul(_const(r), ldw)),
+                                             _I32), align=1)
+                    wb = builder.insert_element(ir.Constant(_V16, ir.Undefined), word, ir.Constant(_I32, 0))
+                    wb = builder.shuffle_vector(wb, ir.Constant(_V16, ir.Undefined), ir.Constant(_V16, None))
+                    # NOTE: operand order: the second is read as unsigned bytes, the third as signed
+                    out += [builder.call(dp, [accs[r * nv + v], xs[v], wb]) for v in range(nv)]
+                return out
+
+            final = _loop(builder, n4, init, step)
+            for a, v in zip((a for row in c_at for a in row), final):
+                builder.store(v, _ptr(builder, a, _V16), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+def _make_dot(rows: int):
+    """c[r] = sum over j < k of xu[j] * w[r, j] for r < rows (int32, 4 bytes apart).
+
+    xu has room for a whole last chunk of 64 bytes (its bytes past k may be anything); w's rows
+    (ldw bytes apart) do not, so their last partial chunk is a masked load and reads as zeros.
+    """
+
+    @intrinsic
+    def dot(typingctx, xu, w, ldw, c, k):
+        sig = types.void(*[types.intp] * 5)
+
+        def codegen(context, builder, signature, args):
+            xu, w, ldw, c, k = args
+            dp = _vpdpbusd(builder)
+            w_at = [builder.add(w, builder.mul(_const(r), ldw)) for r in range(rows)]
+            zero = ir.Constant(_V16, None)
+            accs = [zero] * rows
+            full = builder.sdiv(k, _const(64))
+            rem = builder.trunc(builder.srem(k, _const(64)), _I8)
+
+            def step(i, accs):
+                off = builder.mul(i, _const(64))
+                xv = builder.load(_ptr(builder, builder.add(xu, off), _V16), align=1)
+                return [builder.call(dp, [a, xv, builder.load(
+                    _ptr(builder, builder.add(wr, off), _V16), align=1)]) for a, wr in zip(accs, w_at)]
+
+            accs = _loop(builder, full, accs, step)
+            # the tail: rem (0..63) bytes of each weight row, the rest masked to zero
+            one = builder.insert_element(ir.Constant(_B64, ir.Undefined), rem, ir.Constant(_I32, 0))
+            splat = builder.shuffle_vector(one, ir.Constant(_B64, ir.Undefined),
+                                           ir.Constant(ir.VectorType(_I32, 64), None))
+            mask = builder.icmp_unsigned("<", ir.Constant(_B64, list(range(64))), splat)
+            off = builder.mul(full, _const(64))
+            xv = builder.load(_ptr(builder, builder.add(xu, off), _V16), align=1)
+            mload = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_B64, [ir.PointerType(), _I32, mask.type, _B64]),
+                "llvm.masked.load.v64i8.p0")
+            red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_V16]),
+                                                 "llvm.vector.reduce.add.v16i32")
+            for r, (a, wr) in enumerate(zip(accs, w_at)):
+                wt = builder.call(mload, [builder.inttoptr(builder.add(wr, off), ir.PointerType()),
+                                          ir.Constant(_I32, 1), mask, ir.Constant(_B64, None)])
+                a = builder.call(dp, [a, xv, builder.bitcast(wt, _V16)])
+                builder.store(builder.call(red, [a]), _ptr(builder, builder.add(c, _const(4 * r)), _I32),
+                              align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot
+
+
+_tile1, _tile2, _tile3, _tile4 = (_make_tile(r) for r in (1, 2, 3, 4))
+_dot1, _dot2, _dot3, _dot4 = (_make_dot(r) for r in (1, 2, 3, 4))
+
+
+@njit(cache=True, inline="always")
+def _tile_rows(rows, w, ldw, xp, ldx, c, ldc, n4, acc):
+    if rows == 4:
+        _tile4(w, ldw, xp, ldx, c, ldc, n4, acc)
+    elif rows == 3:
+        _tile3(w, ldw, xp, ldx, c, ldc, n4, acc)
+    elif rows == 2:
+        _tile2(w, ldw, xp, ldx, c, ldc, n4, acc)
+    else:
+        _tile1(w, ldw, xp, ldx, c, ldc, n4, acc)
+
+
+@njit(cache=True, inline="always")
+def _dot_rows(rows, xu, w, ldw, c, k):
+    if rows == 4:
+        _dot4(xu, w, ldw, c, k)
+    elif rows == 3:
+        _dot3(xu, w, ldw, c, k)
+    elif rows == 2:
+        _dot2(xu, w, ldw, c, k)
+    else:
+        _dot1(xu, w, ldw, c, k)
+
+
+@njit(cache=True, parallel=True)
+def gemm_cols(c, w, xp):
+    """w (O, K) i8, xp (K/4, Mp) u32 (4 unsigned bytes each) -> c (O, Mp) i32 = w @ xp.
+
+    NOTE: pixel tiles outermost: a tile's activations (64 pixels x BLOCK_K4 words) stay in L1
+    while every channel tile passes over them; the weights stream from L2.
+    """
+    o, k = w.shape
+    k4, mp = xp.shape
+    wa, xa, ca = np.int64(w.ctypes.data), np.int64(xp.ctypes.data), np.int64(c.ctypes.data)
+    for pt in prange(mp // TILE_P):
+        p0 = pt * TILE_P
+        for kk in range(0, k4, BLOCK_K4):
+            n4 = min(BLOCK_K4, k4 - kk)
+            for o0 in range(0, o, TILE_O):
+                _tile_rows(min(TILE_O, o - o0), wa + o0 * k + kk * 4, k, xa + (kk * mp + p0) * 4,
+                           mp * 4, ca + (o0 * mp + p0) * 4, mp * 4, n4, kk)
+
+
+@njit(cache=True, parallel=True)
+def gemm_rows(c, xu, w):
+    """xu (N, Kp) u8 (Kp > K, any bytes from K on), w (O, K) i8 -> c (N, O) i32 = xu[:, :K] @ w.T."""
+    n, kp = xu.shape
+    o, k = w.shape
+    n_o = (o + TILE_O - 1) // TILE_O
+    xa, wa, ca = np.int64(xu.ctypes.data), np.int64(w.ctypes.data), np.int64(c.ctypes.data)
+    # NOTE: parallel over (row, channel tile): at batch 1 a linear has one row but many outputs
+    for t in prange(n * n_o):
+        i, o0 = t // n_o, (t % n_o) * TILE_O
+        _dot_rows(min(TILE_O, o - o0), xa + i * kp, wa + o0 * k, k, ca + (i * o + o0) * 4, k)
+
+
+@njit(cache=True, parallel=True)
+def pack_rows(xu, x):
+    """x (N, K) u8 (the int8 codes' bytes) -> xu (N, Kp) u8 = x_q + 128; the bytes from K on
+    are left as they are: `_dot` multiplies them by masked-off (zero) weights."""
+    n, k = x.shape
+    for i in prange(n):
+        for j in range(k):
+            xu[i, j] = x[i, j] ^ np.uint8(0x80)
+
+
+@njit(cache=True, parallel=True)
+def pack_rows_t(xp, x):
+    """x (N, K/4) u32 (four int8 codes each) -> xp (K/4, Mp) u32 = x.T + 128 per byte."""
+    n, k4 = x.shape
+    for j in prange(k4):
+        dst = xp[j]
+        for i in range(n):
+            dst[i] = x[i, j] ^ np.uint32(0x80808080)
+
+
+@njit(cache=True, parallel=True)
+def pad_shift(xpad, x, ph, pw, pad):
+    """x (N, C, H, W) u8 (int8 codes' bytes) -> xpad (>= N*C*Hp*Wp,) u8: the images with
+    Hp = H + 2ph, Wp = W + 2pw, x_q + 128 inside and pad (x_zp + 128) on the border.
+
+    NOTE: flat unsigned indices throughout: slicing a row per loop costs a reference count
+    each, which dominated on small maps."""
+    n, c, h, w = x.shape
+    hp, wp = h + 2 * ph, w + 2 * pw
+    xf = x.reshape(-1)
+    plane = np.uint64(hp * wp)
+    for t in prange(n * c):
+        d, s = np.uint64(t) * plane, np.uint64(t * h * w)
+        # the whole plane first (one long loop), then the image rows over it
+        for j in range(plane):
+            xpad[d + np.uint64(j)] = pad
+        for i in range(h):
+            r, q = d + np.uint64((ph + i) * wp + pw), s + np.uint64(i * w)
+            for j in range(w):
+                xpad[r + np.uint64(j)] = xf[q + np.uint64(j)] ^ np.uint8(0x80)
+
+
+@njit(cache=True, inline="always")
+def _col_offset(kq, khw, kw, hp, wp, dh, dw):
+    """Offset in one padded image of column kq's input for output pixel (0, 0)."""
+    ch, i, j = kq // khw, (kq % khw) // kw, kq % kw
+    return np.uint64((ch * hp + i * dh) * wp + j * dw)
+
+
+@njit(cache=True, inline="always")
+def _word(xf, a0, a1, a2, a3, u):
+    return (np.uint32(xf[a0 + u]) | (np.uint32(xf[a1 + u]) << 8) | (np.uint32(xf[a2 + u]) << 16)
+            | (np.uint32(xf[a3 + u]) << 24))
+
+
+@njit(cache=True, parallel=True)
+def pack_cols(xp, xpad, n, c, hp, wp, kh, kw, sh, sw, dh, dw, ho, wo, pitch):
+    """xpad from `pad_shift` (N images (C, Hp, Wp)) -> xp (ceil(K/4), Mp) u32: byte q of
+    xp[k4, b*P + p] is the input under column k = 4*k4 + q (OIHW order) of output pixel p's
+    receptive field. Columns from N*P on are left as they are (their sums go unread).
+
+    Pixels: pitch Wp (stride 1 only): P = Ho*Wp, output (oh, ow) at oh*Wp + ow: columns ow >= Wo are
+    junk the epilogue skips, and in exchange a column's inputs for a whole image are one
+    contiguous run of the padded image, so the loop is long and vectorizes (the four-byte
+    interleave). xpad needs (kw-1)*dw bytes of slack after the last image for the junk.
+    Pitch Wo: P = Ho*Wo, one row of output pixels per loop.
+    """
+    k4n, mp = xp.shape
+    khw = kh * kw
+    k = c * khw
+    img = np.uint64(c * hp * wp)
+    of = xp.reshape(-1)
+    flat = sh == 1 and sw == 1 and pitch == wp
+    pix = ho * pitch
+    for k4 in prange(k4n):
+        # NOTE: columns past K (K % 4 != 0) meet zero weights (`pad_weights`): any byte will
+        # do, so they repeat the last column rather than read outside the images
+        a0 = _col_offset(min(4 * k4, k - 1), khw, kw, hp, wp, dh, dw)
+        a1 = _col_offset(min(4 * k4 + 1, k - 1), khw, kw, hp, wp, dh, dw)
+        a2 = _col_offset(min(4 * k4 + 2, k - 1), khw, kw, hp, wp, dh, dw)
+        a3 = _col_offset(min(4 * k4 + 3, k - 1), khw, kw, hp, wp, dh, dw)
+        for b in range(n):
+            base = np.uint64(b) * img
+            dst = np.uint64(k4 * mp + b * pix)
+            if flat:
+                b0, b1, b2, b3 = base + a0, base + a1, base + a2, base + a3
+                for t in range(pix):
+                    u = np.uint64(t)
+                    of[dst + u] = _word(xpad, b0, b1, b2, b3, u)
+                continue
+            for oh in range(ho):
+                r = base + np.uint64(oh * sh * wp)
+                b0, b1, b2, b3 = r + a0, r + a1, r + a2, r + a3
+                d = dst + np.uint64(oh * wo)
+                for ow in range(wo):
+                    of[d + np.uint64(ow)] = _word(xpad, b0, b1, b2, b3, np.uint64(ow * sw))
+
+
+@njit(cache=True)
+def pad_weights(wp, w):
+    """w (O, K) i8 -> wp (O, 4*ceil(K/4)) i8, zeros past K: whole 4-byte groups for `_tile`."""
+    o, k = w.shape
+    for i in range(o):
+        for j in range(k):
+            wp[i, j] = w[i, j]
+        for j in range(k, wp.shape[1]):
+            wp[i, j] = 0
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def requant_cols(out, c, pitch, bias, m, to_int8, y_zp, lo, relu):
+    """c (O, Mp) i32, image b's output row oh at column (b*Ho + oh)*pitch (see pack_cols) ->
+    out (N, O, Ho, Wo) i8 or f32 = epilogue(c + bias[o]) as in kernels_int8 (bias: b_q -
+    (x_zp + 128) * wsum). Flat unsigned indices, so the rows vectorize."""
+    n, o, ho, wo = out.shape
+    mp = c.shape[1]
+    cf, of = c.reshape(-1), out.reshape(-1)
+    rows, width = (1, ho * wo) if pitch == wo else (ho, wo)
+    for r in prange(n * o):
+        b, oc = r // o, r % o
+        badj, mo = bias[oc], m[oc]
+        for i in range(rows):
+            src = np.uint64(oc * mp + (b * ho + i) * pitch)
+            dst = np.uint64((r * ho + i) * wo)
+            for j in range(width):
+                u = np.uint64(j)
+                of[dst + u] = _epilogue(np.int64(cf[src + u]) + badj, mo, y_zp, lo, to_int8, relu)
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def requant_cols_pool(out, c, hc, pitch, kh, kw, sh, sw, bias, m, to_int8, y_zp, lo, relu):
+    """`requant_cols` with a fused unpadded maxpool: image b's hc conv rows of `pitch` columns
+    -> out (N, O, Ho, Wo), the epilogue of the max over each kh x kw window (exact: the
+    epilogue is non-decreasing in the sum, see kernels_int8.requant_sum_pool)."""
+    n, o, ho, wo = out.shape
+    mp = c.shape[1]
+    cf, of = c.reshape(-1), out.reshape(-1)
+    w1 = np.uint64(pitch)
+    one = np.uint64(1)
+    for r in prange(n * o):
+        b, oc = r // o, r % o
+        badj, mo = bias[oc], m[oc]
+        for oh in range(ho):
+            src = np.uint64(oc * mp + (b * hc + oh * sh) * pitch)
+            dst = np.uint64((r * ho + oh) * wo)
+            if kh == 2 and kw == 2:  # the common pool, branch-free
+                for ow in range(wo):
+                    a = src + np.uint64(ow * sw)
+                    best = max(max(cf[a], cf[a + one]), max(cf[a + w1], cf[a + w1 + one]))
+                    of[dst + np.uint64(ow)] = _epilogue(np.int64(best) + badj, mo, y_zp, lo,
+                                                        to_int8, relu)
+                continue
+            for ow in range(wo):
+                a = src + np.uint64(ow * sw)
+                best = cf[a]
+                for i in range(kh):
+                    for j in range(kw):
+                        best = max(best, cf[a + np.uint64(i * pitch + j)])
+                of[dst + np.uint64(ow)] = _epilogue(np.int64(best) + badj, mo, y_zp, lo, to_int8, relu)

@@ -1,0 +1,407 @@
+"""How each IR op becomes kernel calls: the engine's per-op preparation and builders.
+
+A prepare function runs once at load: kernel-friendly views of the weights (never copies),
+int8 constants, and the node's scratch size in the arena. A builder binds one node to the
+arena views of one batch size and returns the calls to make, in order (partials of Numba
+kernels or of NumPy's BLAS matmul with out=). See engine.py for the plan and the arena.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pocket.formats import quant as qm
+from pocket.formats.errors import FormatError
+from pocket.formats.ir import Node
+from pocket.infer import kernels_fp32 as kf
+from pocket.infer import kernels_int8 as ki
+from pocket.infer import kernels_vnni as kv
+
+if TYPE_CHECKING:
+    from pocket.infer.engine import Engine
+
+ALIGN = 64
+ALIAS_OPS = ("flatten", "reshape", "dropout")
+SCRATCH_BYTES = 8 << 20  # im2col + GEMM result per chunk: a few MiB, in cache, few GEMM calls
+# An int8 conv/linear with at least this many output rows (batch x pixels) per weight runs as
+# float32 BLAS GEMMs on the int8 codes (exact, see kernels_int8.requant_sum): BLAS sgemm is 3-4x
+# faster than a vectorized int8 dot in Numba, and converting the weights each call costs one
+# pass over them, which this many rows amortize. Below it, the int8 dot kernel (gemm_q).
+F32_ROUTE_ROWS = 16
+# With AVX-512 VNNI (kernels_vnni), a linear with at least this many rows packs them for the
+# channel x pixel tiles; fewer rows take the dot-product kernel along K.
+VNNI_TILE_ROWS = 16
+
+
+# --------------------------------------------------------------------------- per-op preparation
+
+
+def no_prep(eng: Engine, node: Node) -> dict:
+    return {}
+
+
+_EMPTY_F32 = np.zeros(0, np.float32)
+
+
+def _act_code(a: dict) -> int:
+    return kf.ACT[a.get("activation", "none")]
+
+
+def _int8_consts(eng: Engine, node: Node, w: np.ndarray) -> dict:
+    a = node.attrs
+    qp = eng._container.quant(node.inputs[1])
+    o = w.shape[0]
+    if qp is None or len(qp.get("scale", [])) != o or qp.get("axis", 0) not in (0, None):
+        raise FormatError(f"node '{node.name}': int8 weight '{node.inputs[1]}' needs {o} "
+                          "per-output-channel scales (axis 0) in the container")
+    w_scale = np.asarray(qp["scale"], np.float32)
+    wsum = ki.weight_sums(w.reshape(o, -1))
+    b = eng._params[node.inputs[2]] if len(node.inputs) > 2 else np.zeros(o, np.int32)
+    to_int8 = a.get("y_scale") is not None
+    relu = a.get("activation", "none") == "relu"
+    y_zp = a["y_zero_point"] if to_int8 else 0
+    return {
+        # NOTE: int64, so b_q - x_zp * wsum never wraps, whatever the weights.
+        "bias_adj": b.astype(np.int64) - np.int64(a["x_zero_point"]) * wsum.astype(np.int64),
+        # the VNNI kernels read x_q + 128 as unsigned bytes: the shift folds in like x_zp
+        "bias_u8": b.astype(np.int64) - np.int64(a["x_zero_point"] + 128) * wsum.astype(np.int64),
+        "m": qm.requant_multiplier(a["x_scale"], w_scale, a.get("y_scale")),
+        "to_int8": to_int8, "y_zp": float(y_zp), "lo": float(y_zp if relu else qm.QMIN), "relu": relu,
+    }
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _tile_cols(rows: int) -> int:
+    """Columns of a VNNI packed operand: rows rounded up to whole 64-pixel tiles."""
+    return -(-rows // kv.TILE_P) * kv.TILE_P
+
+
+def _vnni_rows_bytes(n: int, o: int, k: int) -> tuple[int, int]:
+    """Scratch of the VNNI dot route for n rows: xu (n, Kp) u8 (Kp > K: room for the masked
+    tail chunk) and c (n, O) i32."""
+    return _aligned(n * (k // 64 + 1) * 64), _aligned(n * o * 4)
+
+
+def _vnni_cols_bytes(rows: int, o: int, k: int) -> tuple[int, int]:
+    """Scratch of the VNNI tile route for `rows` pixels: xp (K/4, Mp) u32 and c (O, Mp) i32."""
+    mp = _tile_cols(rows)
+    return _aligned(k * mp), _aligned(o * mp * 4)
+
+
+def _prep_linear(eng: Engine, node: Node) -> dict:
+    w = eng._params[node.inputs[1]]
+    if "x_scale" in node.attrs and kv.AVAILABLE and w.shape[1] <= kv.MAX_K:
+        o, k = w.shape
+        dot_rows = min(eng.max_batch, VNNI_TILE_ROWS - 1) if k % 4 == 0 else eng.max_batch
+        scratch = sum(_vnni_rows_bytes(dot_rows, o, k))
+        if eng.max_batch >= VNNI_TILE_ROWS and k % 4 == 0:
+            scratch = max(scratch, sum(_vnni_cols_bytes(eng.max_batch, o, k)))
+        return {"w": w, "kind": "vnni", "scratch_bytes": scratch, **_int8_consts(eng, node, w)}
+    if "x_scale" in node.attrs:
+        o, k = w.shape
+        kc = -(-k // ki.EXACT_K)
+        # float32 route scratch: weights, input rows, kc partial sums
+        sizes = (o * k * 4, eng.max_batch * k * 4, kc * eng.max_batch * o * 4)
+        scratch = sum(map(_aligned, sizes)) if eng.max_batch >= F32_ROUTE_ROWS else 0
+        return {"w": w, "kc": kc, "sizes": sizes, "scratch_bytes": scratch,
+                **_int8_consts(eng, node, w)}
+    b = eng._params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
+    return {"wT": w.T, "b": b}
+
+
+def _conv_geometry(eng: Engine, node: Node) -> dict:
+    a = node.attrs
+    x_shape = eng._sample[node.inputs[0]]
+    w = eng._params[node.inputs[1]]
+    o, cg, kh, kw = w.shape
+    c, h, wd = x_shape
+    (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return {"w": w, "o": o, "k": c * kh * kw, "p": ho * wo, "geom": (kh, kw, sh, sw, ph, pw, dh, dw),
+            "groups": a["groups"]}
+
+
+def _prep_conv2d(eng: Engine, node: Node) -> dict:
+    d = _conv_geometry(eng, node)
+    w, o, k, p, g = d["w"], d["o"], d["k"], d["p"], d["groups"]
+    kh, kw, sh, sw, ph, pw = d["geom"][:6]
+    if "x_scale" in node.attrs and kv.AVAILABLE and g == 1 and k <= kv.MAX_K:
+        d.update(_int8_consts(eng, node, w))
+        d["w2"] = w.reshape(o, k)
+        d["kind"] = "vnni"
+        c, h, wd = eng._sample[node.inputs[0]]
+        hp, wp = h + 2 * ph, wd + 2 * pw
+        wo = p // ((h + 2 * ph - d["geom"][6] * (kh - 1) - 1) // sh + 1)
+        # stride 1: pixels at a pitch of Wp (see kernels_vnni.pack_cols), junk columns included.
+        # NOTE: even on 4x4 maps the junk costs the GEMM less than row-by-row packing costs
+        d["pitch"] = wp if (sh, sw) == (1, 1) else wo
+        d["pix"] = p // wo * d["pitch"]
+        d["padded"] = c * hp * wp  # bytes of one image from pad_shift
+        d["slack"] = _aligned((kw - 1) * d["geom"][7] + 1)
+        per_image = (k + 4 * o) * d["pix"] + d["padded"]
+        d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
+        d["k4"] = -(-k // 4)
+        # K % 4 != 0 (a first layer): the weights padded to whole 4-byte groups, per call
+        d["wpad_bytes"] = _aligned(o * d["k4"] * 4) if k % 4 else 0
+        d["scratch_bytes"] = (sum(_vnni_cols_bytes(d["chunk"] * d["pix"], o, 4 * d["k4"]))
+                              + _aligned(d["chunk"] * d["padded"]) + d["slack"] + d["wpad_bytes"])
+        return d
+    if "x_scale" in node.attrs:
+        d.update(_int8_consts(eng, node, w))
+        d["w2"] = w.reshape(o, k // g)
+        d["kind"] = "int8"
+        d["kc"] = -(-k // ki.EXACT_K)
+        # float32 route (groups == 1): weights (O, K) f32 once, then per image col (K, P) f32
+        # and kc partial sums (O, P) f32; it also covers the int8 im2row route's (P, K) i8.
+        d["w_bytes"] = _aligned(o * k * 4) if g == 1 else 0
+        per_image = k * p * 4 + (d["kc"] * o * p * 4 if g == 1 else 0)
+    else:
+        d["b"] = eng._params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
+        if g > 1 and w.shape[1] == 1:
+            d["kind"] = "direct"
+            return d
+        if g == 1 and kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
+            d["kind"] = "pointwise"
+            d["w2"] = w.reshape(o, k)
+            return d
+        d["w_bytes"] = 0
+        if g == 1:  # one wide GEMM per chunk: col (K, m*P) and its result (O, m*P)
+            d["kind"] = "gemm"
+            d["w2"] = w.reshape(o, k)
+            per_image = (k + o) * p * 4
+        else:
+            d["kind"] = "im2col"
+            d["w2"] = w.reshape(g, o // g, k // g)
+            per_image = k * p * 4
+    d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
+    d["scratch_bytes"] = d["w_bytes"] + _aligned(d["chunk"] * k * p * 4) + d["chunk"] * (
+        per_image - k * p * 4)
+    return d
+
+
+PREPARE = {"linear": _prep_linear, "conv2d": _prep_conv2d}
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
+    d, a = eng._prep[step], node.attrs
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    if d.get("kind") == "vnni":
+        return _b_linear_vnni(eng, step, d, x, y, n)
+    if "w" in d:  # int8
+        epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+        w = d["w"]
+        o, k = w.shape
+        if n < F32_ROUTE_ROWS:
+            return [partial(ki.gemm_q, y.reshape(n, o, 1), x.reshape(n, 1, k), w, epi[0], epi[1], 1,
+                            *epi[2:])]
+        at = [0, _aligned(d["sizes"][0]), _aligned(d["sizes"][0]) + _aligned(d["sizes"][1])]
+        wf = eng._scratch(step, np.float32, (o, k), at[0])
+        xf = eng._scratch(step, np.float32, (n, k), at[1])
+        yf = eng._scratch(step, np.float32, (d["kc"], n, o), at[2])
+        calls = [partial(np.copyto, wf, w), partial(np.copyto, xf, x.reshape(n, k))]
+        for c in range(d["kc"]):
+            k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
+            calls.append(partial(np.matmul, xf[:, k0:k1], wf[:, k0:k1].T, out=yf[c]))
+        return [*calls, partial(ki.requant_rows, y.reshape(n, o), yf, *epi)]
+    return [partial(np.matmul, x, d["wT"], out=y),
+            partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), a["alpha"])]
+
+
+def _b_linear_vnni(eng: Engine, step: int, d: dict, x, y, n: int) -> list:
+    w = d["w"]
+    o, k = w.shape
+    epi = (d["bias_u8"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+    x8 = x.reshape(n, k).view(np.uint8)
+    if n < VNNI_TILE_ROWS or k % 4:
+        xu_bytes = _vnni_rows_bytes(n, o, k)[0]
+        xu = eng._scratch(step, np.uint8, (n, (k // 64 + 1) * 64))
+        c = eng._scratch(step, np.int32, (n, o), xu_bytes)
+        return [partial(kv.pack_rows, xu, x8), partial(kv.gemm_rows, c, xu, w),
+                partial(ki.requant_rows, y.reshape(n, o), c[None], *epi)]
+    mp = _tile_cols(n)
+    xp = eng._scratch(step, np.uint32, (k // 4, mp))
+    c = eng._scratch(step, np.int32, (o, mp), _vnni_cols_bytes(n, o, k)[0])
+    return [partial(kv.pack_rows_t, xp, x8.view(np.uint32)), partial(kv.gemm_cols, c, w, xp),
+            partial(ki.requant_rows, y.reshape(n, o), c[:, :n].T[None], *epi)]
+
+
+def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
+    d, a = eng._prep[step], node.attrs
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    o, k, p, g, geom = d["o"], d["k"], d["p"], d["groups"], d["geom"]
+    act, alpha = _act_code(a), a["alpha"]
+    if d["kind"] == "direct":
+        return [partial(kf.conv2d_direct, y, x, d["w"], d["b"], *geom[2:], act, alpha)]
+    y3 = y.reshape(n, o, p)
+    if d["kind"] == "pointwise":
+        return [partial(np.matmul, d["w2"], x.reshape(n, k, p), out=y3),
+                partial(kf.bias_act, y3, y3.reshape(n * o, p), o, 0, d["b"], act, alpha)]
+    calls = []
+    # a fused maxpool: the conv writes the pooled output; its own output buffer goes unused
+    pool, pool_geom, x_w = None, (), y.shape[3]
+    pstep = eng._pool_after.get(step)
+    if pstep is not None and (d["kind"] in ("im2col", "gemm", "vnni")
+                              or (g == 1 and n * p >= F32_ROUTE_ROWS)):
+        pnode = eng.graph.nodes[pstep]
+        pool, pool_geom = eng._view(pnode.outputs[0], n), _pool_geom(pnode.attrs)[:4]
+        eng._skip.add(pstep)
+    for start in range(0, n, d["chunk"]):
+        m = min(d["chunk"], n - start)
+        xs, ys = x[start:start + m], y3[start:start + m]
+        if d["kind"] == "vnni":
+            k4, pix, mpc = d["k4"], d["pix"], _tile_cols(m * d["pix"])
+            xp_bytes, c_bytes = _vnni_cols_bytes(d["chunk"] * pix, o, 4 * k4)
+            xp = eng._scratch(step, np.uint32, (k4, mpc))
+            c = eng._scratch(step, np.int32, (o, mpc), xp_bytes)
+            kh, kw, sh, sw, ph, pw, dh, dw = geom
+            hp, wp = xs.shape[2] + 2 * ph, xs.shape[3] + 2 * pw
+            xpad = eng._scratch(step, np.uint8, (m * d["padded"] + d["slack"],), xp_bytes + c_bytes)
+            w2 = d["w2"]
+            if d["wpad_bytes"]:
+                w2 = eng._scratch(step, np.int8, (o, 4 * k4), d["scratch_bytes"] - d["wpad_bytes"])
+                if start == 0:
+                    calls.append(partial(kv.pad_weights, w2, d["w2"]))
+            epi = (d["bias_u8"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+            ho, wo = y.shape[2:]
+            calls += [partial(kv.pad_shift, xpad, xs.view(np.uint8), ph, pw, a["x_zero_point"] + 128),
+                      partial(kv.pack_cols, xp, xpad, m, xs.shape[1], hp, wp, kh, kw, sh, sw, dh, dw,
+                              ho, wo, d["pitch"]),
+                      partial(kv.gemm_cols, c, w2, xp),
+                      partial(kv.requant_cols, y[start:start + m], c, d["pitch"], *epi) if pool is None
+                      else partial(kv.requant_cols_pool, pool[start:start + m], c, ho, d["pitch"],
+                                   *pool_geom, *epi)]
+        elif d["kind"] == "int8" and g == 1 and n * p >= F32_ROUTE_ROWS:
+            if start == 0:
+                calls.append(partial(np.copyto, eng._scratch(step, np.float32, (o, k)), d["w2"]))
+            wf = eng._scratch(step, np.float32, (o, k))
+            col = eng._scratch(step, np.float32, (k, m * p), d["w_bytes"])
+            yf = eng._scratch(step, np.float32, (d["kc"], o, m * p),
+                              d["w_bytes"] + _aligned(d["chunk"] * k * p * 4))
+            calls.append(partial(kf.im2col, col, xs, *geom, np.float32(a["x_zero_point"]), 0, p))
+            for c in range(d["kc"]):
+                k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
+                calls.append(partial(np.matmul, wf[:, k0:k1], col[k0:k1], out=yf[c]))
+            epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+            if pool is None:
+                calls.append(partial(ki.requant_sum, ys, yf, 0, p, *epi))
+            else:
+                calls.append(partial(ki.requant_sum_pool, pool[start:start + m], yf, 0, p, x_w,
+                                     *pool_geom, *epi))
+        elif d["kind"] == "int8":
+            col = eng._scratch(step, np.int8, (m, p, k))
+            calls += [partial(ki.im2row, col, xs, *geom, np.int8(a["x_zero_point"])),
+                      partial(ki.gemm_q, ys, col, d["w2"], d["bias_adj"], d["m"], g, d["to_int8"], d["y_zp"],
+                              d["lo"], d["relu"])]
+        elif d["kind"] == "gemm":
+            col = eng._scratch(step, np.float32, (k, m * p))
+            yw = eng._scratch(step, np.float32, (o, m * p), _aligned(d["chunk"] * k * p * 4))
+            calls += [partial(kf.im2col, col, xs, *geom, np.float32(0), 0, p),
+                      partial(np.matmul, d["w2"], col, out=yw),
+                      partial(kf.bias_act, ys, yw, 0, p, d["b"], act, alpha) if pool is None else
+                      partial(kf.bias_act_pool, pool[start:start + m], yw, 0, p, x_w, *pool_geom,
+                              d["b"], act, alpha)]
+        else:
+            col = eng._scratch(step, np.float32, (m, k, p))
+            calls += [partial(kf.im2col, col.reshape(m * k, p), xs, *geom, np.float32(0), k, 0),
+                      partial(np.matmul, d["w2"], col.reshape(m, g, k // g, p),
+                              out=ys.reshape(m, g, o // g, p)),
+                      partial(kf.bias_act, ys, ys.reshape(m * o, p), o, 0, d["b"], act, alpha)
+                      if pool is None else
+                      partial(kf.bias_act_pool, pool[start:start + m], ys.reshape(m * o, p), o, 0, x_w,
+                              *pool_geom, d["b"], act, alpha)]
+    return calls
+
+
+def _b_unary(eng: Engine, step: int, node: Node, n: int) -> list:
+    a = node.attrs
+    code = kf.ACT["gelu_tanh" if a.get("approximate") == "tanh" else node.op]
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    return [partial(kf.unary, y.reshape(-1), x.reshape(-1), code, a.get("alpha", 0.0))]
+
+
+def _pool_geom(a: dict) -> tuple[int, ...]:
+    k = a["kernel"]
+    s = a.get("stride") or k
+    return (k[0], k[1], s[0], s[1], a["padding"][0], a["padding"][1])
+
+
+def _b_maxpool2d(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    return [partial(kf.maxpool2d, y, x, *_pool_geom(node.attrs))]
+
+
+def _b_avgpool2d(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    return [partial(kf.avgpool2d, y, x, *_pool_geom(node.attrs), node.attrs["count_include_pad"])]
+
+
+def _b_global_avgpool(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    return [partial(kf.global_avgpool, y.reshape(n, -1), x.reshape(n, x.shape[1], -1))]
+
+
+def _b_batchnorm(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    params = [eng._params[v] for v in node.inputs[1:]]
+    return [partial(kf.batchnorm, y.reshape(n, y.shape[1], -1), x.reshape(n, x.shape[1], -1),
+                    *params, node.attrs["eps"])]
+
+
+def _b_alias(eng, step, node, n):
+    return []
+
+
+def _b_add(eng, step, node, n):
+    a, b = (eng._view(v, n) for v in node.inputs)
+    y = eng._view(node.outputs[0], n)
+    if a.shape == b.shape == y.shape:
+        return [partial(kf.add, y.reshape(-1), a.reshape(-1), b.reshape(-1))]
+    return [partial(np.add, a, b, out=y)]
+
+
+def _b_concat(eng, step, node, n):
+    y = eng._view(node.outputs[0], n)
+    axis = node.attrs["axis"] % y.ndim
+    rows = math.prod(y.shape[:axis])
+    y2 = y.reshape(rows, -1)
+    calls, start = [], 0
+    for v in node.inputs:
+        x2 = eng._view(v, n).reshape(rows, -1)
+        calls.append(partial(kf.copy_cols, y2, x2, start))
+        start += x2.shape[1]
+    return calls
+
+
+def _b_softmax(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    axis = node.attrs["axis"] % x.ndim
+    shape = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
+    return [partial(kf.softmax, y.reshape(shape), x.reshape(shape))]
+
+
+def _b_quantize(eng, step, node, n):
+    x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
+    a = node.attrs
+    kernel = ki.quantize if node.op == "quantize" else ki.dequantize
+    return [partial(kernel, y.reshape(-1), x.reshape(-1), a["scale"], a["zero_point"])]
+
+
+BUILDERS = {
+    "linear": _b_linear, "conv2d": _b_conv2d, "batchnorm": _b_batchnorm,
+    "relu": _b_unary, "leaky_relu": _b_unary, "sigmoid": _b_unary, "tanh": _b_unary,
+    "gelu": _b_unary, "maxpool2d": _b_maxpool2d, "avgpool2d": _b_avgpool2d,
+    "global_avgpool": _b_global_avgpool, "flatten": _b_alias, "reshape": _b_alias,
+    "dropout": _b_alias, "add": _b_add, "concat": _b_concat, "softmax": _b_softmax,
+    "quantize": _b_quantize, "dequantize": _b_quantize,
+}

@@ -1,0 +1,116 @@
+"""The AVX-512 VNNI int8 kernels against naive NumPy twins in int64 (exact equality).
+
+The end-to-end int8 cases in test_kernels.py also run through these kernels (the int8_route
+fixture); here each kernel is checked alone, on the shapes where tiles and tails go wrong.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pocket.infer import kernels_vnni as kv
+
+pytestmark = pytest.mark.skipif(not kv.AVAILABLE, reason="this CPU has no AVX-512 VNNI")
+RNG = np.random.default_rng(11)
+
+
+def _codes(shape, lo=-128):
+    return RNG.integers(lo, 128, shape).astype(np.int8)
+
+
+def _cols(m: int) -> int:
+    return -(-m // kv.TILE_P) * kv.TILE_P
+
+
+@pytest.mark.parametrize("o,k,m", [(1, 4, 1), (3, 8, 65), (4, 12, 64), (7, 260, 130),
+                                   (9, 1028, 3), (5, 4 * (kv.BLOCK_K4 * 2 + 3), 200)])
+def test_gemm_cols(o, k, m):
+    """Channel tiles of 1-4 rows, pixel tails, K across several BLOCK_K4 passes; extreme codes."""
+    w, x = _codes((o, k), lo=-127), _codes((m, k))
+    w[0], x[0] = -127, 127  # the largest products
+    xp = np.full((k // 4, _cols(m)), 0xDEADBEEF, np.uint32)  # junk columns must stay harmless
+    kv.pack_rows_t(xp, x.view(np.uint8).view(np.uint32))
+    c = np.zeros((o, _cols(m)), np.int32)
+    kv.gemm_cols(c, w, xp)
+    want = w.astype(np.int64) @ (x.astype(np.int64) + 128).T
+    assert np.array_equal(c[:, :m], want)
+
+
+@pytest.mark.parametrize("o,k,n", [(1, 1, 1), (5, 63, 2), (4, 64, 3), (6, 65, 1), (13, 784, 5),
+                                   (10, 3136, 15)])
+def test_gemm_rows(o, k, n):
+    """K tails of 0-63 bytes (masked weight loads), channel remainders, a single row."""
+    w, x = _codes((o, k), lo=-127), _codes((n, k))
+    xu = np.full((n, (k // 64 + 1) * 64), 0xAB, np.uint8)  # junk past K must not count
+    kv.pack_rows(xu, x.view(np.uint8))
+    assert np.array_equal(xu[:, :k], (x.astype(np.int64) + 128).astype(np.uint8))
+    c = np.zeros((n, o), np.int32)
+    kv.gemm_rows(c, xu, w)
+    assert np.array_equal(c, (x.astype(np.int64) + 128) @ w.T.astype(np.int64))
+
+
+def _naive_cols(x, kh, kw, sh, sw, ph, pw, dh, dw, pad):
+    """x (N, C, H, W) i8 -> (N, Ho, Wo, C*kh*kw) int64 of x + 128, pad outside."""
+    n, c, h, w = x.shape
+    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), pad, np.int64)
+    xp[:, :, ph:ph + h, pw:pw + w] = x.astype(np.int64) + 128
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, ho, wo, c, kh, kw), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            out[:, :, :, :, i, j] = xp[:, :, i * dh:i * dh + sh * ho:sh,
+                                       j * dw:j * dw + sw * wo:sw].transpose(0, 2, 3, 1)
+    return out.reshape(n, ho, wo, -1)
+
+
+@pytest.mark.parametrize("geom", [(3, 3, 1, 1, 1, 1, 1, 1), (1, 1, 1, 1, 0, 0, 1, 1),
+                                  (3, 2, 2, 1, 1, 0, 1, 1), (3, 3, 1, 1, 2, 1, 2, 2),
+                                  (5, 5, 2, 2, 2, 2, 1, 1)])
+@pytest.mark.parametrize("c", [1, 3, 4])
+def test_pad_pack_gemm_is_a_convolution(geom, c):
+    """pad_shift + pack_cols (+ pad_weights for K % 4 != 0) + gemm_cols + requant_cols: the
+    sums equal the naive convolution at every real pixel, for both pixel pitches."""
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    n, h, w, o, zp = 2, 7, 9, 5, -3
+    x, wt = _codes((n, c, h, w)), _codes((o, c * kh * kw), lo=-127)
+    hp, wp = h + 2 * ph, w + 2 * pw
+    ho = (hp - dh * (kh - 1) - 1) // sh + 1
+    wo = (wp - dw * (kw - 1) - 1) // sw + 1
+    pitch = wp if (sh, sw) == (1, 1) else wo
+    k4 = -(-c * kh * kw // 4)
+    xpad = np.zeros(n * c * hp * wp + (kw - 1) * dw + 1, np.uint8)
+    kv.pad_shift(xpad, x.view(np.uint8), ph, pw, zp + 128)
+    xp = np.zeros((k4, _cols(n * ho * pitch)), np.uint32)
+    kv.pack_cols(xp, xpad, n, c, hp, wp, kh, kw, sh, sw, dh, dw, ho, wo, pitch)
+    w4 = np.full((o, 4 * k4), 99, np.int8)
+    kv.pad_weights(w4, wt)
+    assert np.array_equal(w4[:, :wt.shape[1]], wt) and not w4[:, wt.shape[1]:].any()
+    c32 = np.zeros((o, xp.shape[1]), np.int32)
+    kv.gemm_cols(c32, w4, xp)
+    want = _naive_cols(x, kh, kw, sh, sw, ph, pw, dh, dw, zp + 128) @ wt.T.astype(np.int64)
+    got = c32[:, :n * ho * pitch].reshape(o, n, ho, pitch)[..., :wo].transpose(1, 2, 3, 0)
+    assert np.array_equal(got, want)
+    # the epilogue reads the same pitch: with m = 1 and no rounding it returns the sums
+    out = np.zeros((n, o, ho, wo), np.float32)
+    kv.requant_cols(out, c32, pitch, np.zeros(o, np.int64), np.ones(o), False, 0.0, -128.0, False)
+    assert np.array_equal(out, want.transpose(0, 3, 1, 2).astype(np.float32))
+
+
+@pytest.mark.parametrize("k,s", [((2, 2), (2, 2)), ((3, 3), (2, 2)), ((3, 2), (1, 2))])
+def test_requant_cols_pool(k, s):
+    """The pooled epilogue equals pool-after-epilogue on the sums (rows of `pitch` columns)."""
+    n, o, hc, wc, pitch = 3, 4, 9, 8, 11
+    c = RNG.integers(-(2**20), 2**20, (o, _cols(n * hc * pitch))).astype(np.int32)
+    bias, m = RNG.integers(-500, 500, o).astype(np.int64), RNG.random(o) * 1e-4
+    ho, wo = (hc - k[0]) // s[0] + 1, (wc - k[1]) // s[1] + 1
+    out = np.zeros((n, o, ho, wo), np.int8)
+    kv.requant_cols_pool(out, c, hc, pitch, *k, *s, bias, m, True, 5.0, -128.0, False)
+    acc = c[:, :n * hc * pitch].reshape(o, n, hc, pitch)[..., :wc].transpose(1, 0, 2, 3)
+    y = np.clip(np.rint((acc + bias[:, None, None]) * m[:, None, None]) + 5, -128, 127)
+    want = np.full((n, o, ho, wo), -128.0)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            want = np.maximum(want, y[:, :, i:i + s[0] * ho:s[0], j:j + s[1] * wo:s[1]])
+    assert np.array_equal(out, want.astype(np.int8))
