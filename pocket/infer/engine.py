@@ -78,6 +78,7 @@ class _Bound:
     outputs: list[np.ndarray]
     calls: list[Any] = field(default_factory=list)
     serial_steps: bool = False  # the calls switch thread counts (restore them on an error)
+    direct: bool = False  # the kernels are called through their compiled entry points
 
 
 def _per_sample(info: ValueInfo, where: str) -> tuple[int, ...]:
@@ -186,10 +187,7 @@ class Engine:
         self._blas = [(_blas_setter(c), c.num_threads) for c in blas]
 
     def _serial(self, on: bool) -> None:
-        """A step of a bound plan: run on the calling thread alone, or on the full pools again."""
-        import numba
-
-        numba.set_num_threads(1 if on else self._threads)
+        """A step of a bound plan: BLAS on the calling thread alone, or on its full pool again."""
         for set_num_threads, k in self._blas:
             set_num_threads(1 if on else k)
 
@@ -287,12 +285,17 @@ class Engine:
                 if step in self._skip:
                     continue
                 for call in BUILDERS[node.op](self, step, node, n):
-                    # NOTE: a fork/join of either pool costs tens of microseconds (far more on
-                    # a loaded machine): a small call runs on the calling thread alone.
-                    serial = self._threads > 1 and _call_work(call) < _PARALLEL_WORK
-                    if serial != in_serial:
-                        bound.calls.append(partial(self._serial, serial))
-                        bound.serial_steps, in_serial = True, serial
+                    # NOTE: a fork/join of either pool costs microseconds to tens of them (far
+                    # more on a loaded machine): a small call runs on the calling thread alone,
+                    # a Numba kernel as its serial twin (see jit.py), a BLAS call with BLAS's
+                    # pool shrunk to one thread around it.
+                    small = self._threads == 1 or _call_work(call) < _PARALLEL_WORK
+                    twin = getattr(call.func, "serial", None)
+                    if twin is not None:
+                        call = partial(twin, *call.args, **call.keywords) if small else call
+                    elif self._blas and small != in_serial:
+                        bound.calls.append(partial(self._serial, small))
+                        bound.serial_steps, in_serial = True, small
                     bound.calls.append(call)
             if in_serial:
                 bound.calls.append(partial(self._serial, False))
@@ -350,6 +353,13 @@ class Engine:
     def _execute(self, bound: _Bound, xs: dict, rows: slice) -> None:
         for name, dst in bound.inputs.items():
             np.copyto(dst, xs[name][rows], casting="same_kind")
+        if not bound.direct:
+            self._run_calls(bound)  # compiles (or loads) the kernels on the first call
+            bound.calls, bound.direct = [_direct(c) for c in bound.calls], True
+            return
+        self._run_calls(bound)
+
+    def _run_calls(self, bound: _Bound) -> None:
         if not bound.serial_steps:
             for call in bound.calls:
                 call()
@@ -380,6 +390,19 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _direct(call: partial) -> partial:
+    """A bound Numba call made straight to the compiled overload for its arguments.
+
+    NOTE: a dispatcher works out the argument types on every call (~0.2 µs a kernel, a fifth
+    of a batch-1 MLP); a bound call's arguments never change, so it is done once here.
+    """
+    f = call.func
+    if not hasattr(f, "overloads") or call.keywords:
+        return call
+    cres = f.overloads.get(tuple(f.typeof_pyval(a) for a in call.args))
+    return partial(cres.entry_point, *call.args) if cres is not None else call
 
 
 def _call_work(call: partial) -> int:

@@ -20,6 +20,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from pocket.infer.jit import kernel
+
 ACT = {"none": 0, "relu": 1, "leaky_relu": 2, "sigmoid": 3, "tanh": 4, "gelu": 5, "gelu_tanh": 6}
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -44,7 +46,7 @@ def activate(v, act, alpha):
     return v
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def bias_act(out, y, rb, cb, b, act, alpha):
     """out (N, O, P) = activation(y + b (O,)) (b may be empty); out may be y.
 
@@ -70,7 +72,7 @@ def bias_act(out, y, rb, cb, b, act, alpha):
                 dst[i] = activate(np.float64(row[i] + bo), act, alpha)
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def bias_act_rows(out, y, b, act, alpha):
     """out (N, O) = activation(y (N, O) + b (O,)) (b may be empty); out may be y.
 
@@ -95,14 +97,14 @@ def bias_act_rows(out, y, b, act, alpha):
                 dst[j] = activate(np.float64(row[j] + bo), act, alpha)
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def unary(out, x, act, alpha):
     """out (M,) = activation(x (M,)); out may be x."""
     for i in prange(x.shape[0]):
         out[i] = activate(np.float64(x[i]), act, alpha)
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def im2col(col, x, kh, kw, sh, sw, ph, pw, dh, dw, pad, rb, cb):
     """x (N, C, H, W) -> col, 2-D: image b's row (c, i, j) (as in OIHW) of Ho*Wo pixels lands at
     col[b*rb + (c*kh + i)*kw + j, b*cb:b*cb + Ho*Wo]; outside the image = pad.
@@ -139,7 +141,7 @@ def im2col(col, x, kh, kw, sh, sw, ph, pw, dh, dw, pad, rb, cb):
                             row[base + ow] = pad
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def conv2d_direct(out, x, w, b, sh, sw, ph, pw, dh, dw, act, alpha):
     """x (N, C, H, W), w (O, C/g, kh, kw), b (O,) or empty -> out (N, O, Ho, Wo).
 
@@ -167,7 +169,7 @@ def conv2d_direct(out, x, w, b, sh, sw, ph, pw, dh, dw, act, alpha):
                 out[bi, oc, oh, ow] = activate(acc + bo, act, alpha)
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def maxpool2d(out, x, kh, kw, sh, sw, ph, pw):
     """x (N, C, H, W) f32 or i8 -> out (N, C, Ho, Wo); padding never wins."""
     n, c, h, w = x.shape
@@ -187,7 +189,7 @@ def maxpool2d(out, x, kh, kw, sh, sw, ph, pw):
                 out[b, ch, oh, ow] = m
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def _maxpool_valid(out, x, kh, kw, sh, sw):
     """maxpool2d without padding: every window is in bounds, so the loops carry no clamping."""
     n, c = x.shape[0], x.shape[1]
@@ -203,7 +205,7 @@ def _maxpool_valid(out, x, kh, kw, sh, sw):
                 os_[oh, ow] = m
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def avgpool2d(out, x, kh, kw, sh, sw, ph, pw, count_include_pad):
     """x (N, C, H, W) -> out (N, C, Ho, Wo); divisor kh*kw or the in-bounds count."""
     n, c, h, w = x.shape
@@ -221,7 +223,7 @@ def avgpool2d(out, x, kh, kw, sh, sw, ph, pw, count_include_pad):
                 out[b, ch, oh, ow] = acc / (kh * kw if count_include_pad else cnt)
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def global_avgpool(out, x):
     """x (N, C, P) -> out (N, C), mean over P in float64."""
     n, c, p = x.shape
@@ -232,7 +234,7 @@ def global_avgpool(out, x):
         out[nc // c, nc % c] = acc / p
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def batchnorm(out, x, gamma, beta, mean, var, eps):
     """x (N, C, P) -> out (N, C, P): (x - mean) / sqrt(var + eps) * gamma + beta per channel."""
     n, c, p = x.shape
@@ -243,14 +245,14 @@ def batchnorm(out, x, gamma, beta, mean, var, eps):
             out[nc // c, ch, i] = (x[nc // c, ch, i] - np.float64(mean[ch])) * k + beta[ch]
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def add(out, a, b):
     """out (M,) = a (M,) + b (M,), same shapes (broadcasting goes through np.add)."""
     for i in prange(out.shape[0]):
         out[i] = a[i] + b[i]
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def softmax(out, x):
     """x (A, L, B) -> out (A, L, B), softmax along L, max-shifted, summed in float64."""
     a, l, b = x.shape
@@ -266,7 +268,7 @@ def softmax(out, x):
             out[i, j, k] = math.exp(np.float64(x[i, j, k]) - m) / s
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def copy_cols(out, x, start):
     """x (R, L) -> out[:, start:start+L] with out (R, M); concat writes each input this way."""
     r, l = x.shape
@@ -278,7 +280,7 @@ def copy_cols(out, x, start):
 MONOTONE_ACTS = (0, 1, 2, 3, 4)  # non-decreasing (leaky_relu with alpha >= 0): pool commutes
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def bias_act_pool(out, y, rb, cb, wd, kh, kw, sh, sw, b, act, alpha):
     """y 2-D as in bias_act, rows of H*W with row width wd -> out (N, O, Ho, Wo) =
     maxpool(act(y + b)), unpadded.

@@ -21,10 +21,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from pocket.infer.jit import kernel
+
 EXACT_K = 1024  # float32 sums of int8 x int8 products stay exact up to 1032 terms
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def quantize(out, x, scale, zp):
     """x (M,) f32 -> out (M,) i8; division in float32, ties to even, saturating."""
     s = np.float32(scale)
@@ -33,7 +35,7 @@ def quantize(out, x, scale, zp):
         out[i] = np.int8(min(max(v, np.float32(-128.0)), np.float32(127.0)))
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def dequantize(out, x, scale, zp):
     """x (M,) i8 -> out (M,) f32 = (x - zp) * scale in float32."""
     s = np.float32(scale)
@@ -41,7 +43,7 @@ def dequantize(out, x, scale, zp):
         out[i] = np.float32(np.int32(x[i]) - zp) * s
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def im2row(col, x, kh, kw, sh, sw, ph, pw, dh, dw, pad):
     """x (N, C, H, W) i8 -> col (N, Ho*Wo, C*kh*kw), column (c, i, j) as in OIHW; outside = pad.
 
@@ -84,7 +86,7 @@ def _epilogue(acc, m, y_zp, lo, to_int8, relu):
     return max(v, 0.0) if relu else v
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def gemm_q(out, col, w, bias_adj, m, groups, to_int8, y_zp, lo, relu):
     """col (N, P, K) i8, w (O, K/groups) i8 -> out (N, O, P) i8 or f32.
 
@@ -111,7 +113,7 @@ def gemm_q(out, col, w, bias_adj, m, groups, to_int8, y_zp, lo, relu):
             out[r // p, oc, r % p] = _epilogue(s + bias_adj[oc], m[oc], y_zp, lo, to_int8, relu)
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def requant_sum(out, yf, rb, cb, bias_adj, m, to_int8, y_zp, lo, relu):
     """yf (C, R, L) f32 partial sums over C chunks of K -> out (N, O, P) i8 or f32; the row of
     (image i, channel o) is yf[c, i*rb + o, i*cb:i*cb + P] (see kernels_fp32.bias_act).
@@ -135,7 +137,7 @@ def requant_sum(out, yf, rb, cb, bias_adj, m, to_int8, y_zp, lo, relu):
             dst[i] = _epilogue(acc + badj, mo, y_zp, lo, to_int8, relu)
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def requant_rows(out, yf, bias_adj, m, to_int8, y_zp, lo, relu):
     """yf (C, N, O) f32 partial sums over C chunks of K -> out (N, O) i8 or f32: `requant_sum`
     for a linear, exact for the same reason.
@@ -154,7 +156,7 @@ def requant_rows(out, yf, bias_adj, m, to_int8, y_zp, lo, relu):
             dst[oc] = _epilogue(acc + bias_adj[oc], m[oc], y_zp, lo, to_int8, relu)
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def _requant_pool_one_chunk(out, y, rb, cb, wd, kh, kw, sh, sw, bias_adj, m, to_int8, y_zp, lo, relu):
     """`requant_sum_pool` for one chunk of K (y 2-D): the float max is exact, so take it in
     float32 and convert once per output.
@@ -179,7 +181,7 @@ def _requant_pool_one_chunk(out, y, rb, cb, wd, kh, kw, sh, sw, bias_adj, m, to_
                 dst[ow] = _epilogue(np.int64(f) + badj, mo, y_zp, lo, to_int8, relu)
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def requant_sum_pool(out, yf, rb, cb, wd, kh, kw, sh, sw, bias_adj, m, to_int8, y_zp, lo, relu):
     """`requant_sum` with a fused unpadded maxpool: rows of H*W with row width wd ->
     out (N, O, Ho, Wo), the max over each kh x kw window.

@@ -35,6 +35,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from pocket.infer.jit import kernel
 from pocket.infer.kernels_int8 import _epilogue
 
 MAX_K = (2**31 - 1) // (255 * 128)  # 65793: longer dot products could leave int32
@@ -234,7 +235,7 @@ def _dot_rows(rows, xu, w, ldw, c, k):
         _dot1(xu, w, ldw, c, k)
 
 
-@njit(cache=True, parallel=True)
+@kernel
 def gemm_cols(c, w, xp):
     """w (O, K) i8, xp (K/4, Mp) u32 (4 unsigned bytes each) -> c (O, Mp) i32 = w @ xp.
 
@@ -253,7 +254,7 @@ def gemm_cols(c, w, xp):
                            mp * 4, ca + (o0 * mp + p0) * 4, mp * 4, n4, kk)
 
 
-@njit(cache=True, parallel=True)
+@kernel
 def gemm_rows(c, xu, w):
     """xu (N, Kp) u8 (Kp > K, any bytes from K on), w (O, K) i8 -> c (N, O) i32 = xu[:, :K] @ w.T."""
     n, kp = xu.shape
@@ -266,7 +267,7 @@ def gemm_rows(c, xu, w):
         _dot_rows(min(TILE_O, o - o0), xa + i * kp, wa + o0 * k, k, ca + (i * o + o0) * 4, k)
 
 
-@njit(cache=True, parallel=True)
+@kernel
 def pack_rows(xu, x):
     """x (N, K) u8 (the int8 codes' bytes) -> xu (N, Kp) u8 = x_q + 128; the bytes from K on
     are left as they are: `_dot` multiplies them by masked-off (zero) weights."""
@@ -276,7 +277,7 @@ def pack_rows(xu, x):
             xu[i, j] = x[i, j] ^ np.uint8(0x80)
 
 
-@njit(cache=True, parallel=True)
+@kernel
 def pack_rows_t(xp, x):
     """x (N, K/4) u32 (four int8 codes each) -> xp (K/4, Mp) u32 = x.T + 128 per byte."""
     n, k4 = x.shape
@@ -286,7 +287,7 @@ def pack_rows_t(xp, x):
             dst[i] = x[i, j] ^ np.uint32(0x80808080)
 
 
-@njit(cache=True, parallel=True)
+@kernel
 def pad_shift(xpad, x, ph, pw, pad):
     """x (N, C, H, W) u8 (int8 codes' bytes) -> xpad (>= N*C*Hp*Wp,) u8: the images with
     Hp = H + 2ph, Wp = W + 2pw, x_q + 128 inside and pad (x_zp + 128) on the border.
@@ -321,7 +322,7 @@ def _word(xf, a0, a1, a2, a3, u):
             | (np.uint32(xf[a3 + u]) << 24))
 
 
-@njit(cache=True, parallel=True)
+@kernel
 def pack_cols(xp, xpad, n, c, hp, wp, kh, kw, sh, sw, dh, dw, ho, wo, pitch):
     """xpad from `pad_shift` (N images (C, Hp, Wp)) -> xp (ceil(K/4), Mp) u32: byte q of
     xp[k4, b*P + p] is the input under column k = 4*k4 + q (OIHW order) of output pixel p's
@@ -375,7 +376,7 @@ def pad_weights(wp, w):
             wp[i, j] = 0
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def requant_cols(out, c, pitch, bias, m, to_int8, y_zp, lo, relu):
     """c (O, Mp) i32, image b's output row oh at column (b*Ho + oh)*pitch (see pack_cols) ->
     out (N, O, Ho, Wo) i8 or f32 = epilogue(c + bias[o]) as in kernels_int8 (bias: b_q -
@@ -395,7 +396,7 @@ def requant_cols(out, c, pitch, bias, m, to_int8, y_zp, lo, relu):
                 of[dst + u] = _epilogue(np.int64(cf[src + u]) + badj, mo, y_zp, lo, to_int8, relu)
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@kernel
 def requant_cols_pool(out, c, hc, pitch, kh, kw, sh, sw, bias, m, to_int8, y_zp, lo, relu):
     """`requant_cols` with a fused unpadded maxpool: image b's hc conv rows of `pitch` columns
     -> out (N, O, Ho, Wo), the epilogue of the max over each kh x kw window (exact: the

@@ -1,0 +1,27 @@
+"""The decorator of every engine kernel: one Python function, two compiled twins.
+
+`kernel(fn)` is `fn` compiled with parallel=True: its `prange` loops share Numba's thread pool.
+`kernel(fn).serial` is the same code with `prange` as a plain loop. Waking the pool costs ~1 µs
+a call even with one thread (and switching its size another ~1 µs), more than many calls of a
+batch-1 plan do; the engine binds the serial twin for those (see engine._PARALLEL_WORK).
+
+Both cache on disk (next to the package, or under NUMBA_CACHE_DIR) and compile on first use,
+so a plan that only ever runs serially never compiles or loads the parallel twins.
+"""
+
+from __future__ import annotations
+
+import types
+
+from numba import njit
+
+
+def kernel(fn):
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial",
+                              fn.__defaults__, fn.__closure__)
+    # NOTE: its own qualified name, so the twins keep separate entries in the on-disk cache
+    twin.__qualname__ = fn.__qualname__ + "_serial"
+    twin.__module__, twin.__doc__ = fn.__module__, fn.__doc__
+    par = njit(cache=True, parallel=True, fastmath=False)(fn)
+    par.serial = njit(cache=True, fastmath=False)(twin)
+    return par
