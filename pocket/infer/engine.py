@@ -206,7 +206,8 @@ class Engine:
             out, a = node.outputs[0], node.attrs
             steps = readers.get(out, [])
             if (node.op != "conv2d" or out in self.graph.outputs or len(steps) != 1
-                    or self._prep[step].get("kind") not in ("im2col", "gemm", "int8", "vnni")):
+                    or self._prep[step].get("kind") not in ("im2col", "gemm", "gemm_pitch", "int8",
+                                                             "vnni")):
                 continue
             pool = self.graph.nodes[steps[0]]
             act = kf.ACT[a.get("activation", "none")]

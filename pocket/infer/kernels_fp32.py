@@ -312,3 +312,101 @@ def bias_act_pool(out, y, rb, cb, wd, kh, kw, sh, sw, b, act, alpha):
             else:
                 for ow in range(wo):
                     d[ow] = activate(np.float64(d[ow] + bo), act, alpha)
+
+
+# --------------------------------------------------------------------------- stride-1 convs at
+# a pixel pitch of Wp: pad the images once, then each im2col row is one contiguous run of them
+
+
+@kernel
+def pad_images(xpad, x, ph, pw, pad):
+    """x (N, C, H, W) -> xpad (>= N*C*Hp*Wp,): the images with Hp = H + 2ph, Wp = W + 2pw
+    and `pad` on the border (flat unsigned indices, see kernels_vnni.pad_shift)."""
+    n, c, h, w = x.shape
+    hp, wp = h + 2 * ph, w + 2 * pw
+    xf = x.reshape(-1)
+    plane = np.uint64(hp * wp)
+    for t in prange(n * c):
+        d, s = np.uint64(t) * plane, np.uint64(t * h * w)
+        for j in range(plane):
+            xpad[d + np.uint64(j)] = pad
+        for i in range(h):
+            r, q = d + np.uint64((ph + i) * wp + pw), s + np.uint64(i * w)
+            for j in range(w):
+                xpad[r + np.uint64(j)] = xf[q + np.uint64(j)]
+
+
+@kernel
+def im2col_pitch(col, xpad, n, c, hp, wp, kh, kw, dh, dw, ho):
+    """xpad (N images (C, Hp, Wp), flat) -> col (K, Mp): row k = (c, i, j) (OIHW order) holds,
+    for image b at columns b*Ho*Wp on, the run xpad[b*C*Hp*Wp + (c*Hp + i*dh)*Wp + j*dw:]
+    [:Ho*Wp]: a stride-1 convolution's inputs with output pixel (oh, ow) at oh*Wp + ow.
+    Columns ow >= Wo are junk that the epilogue skips (as in kernels_vnni.pack_cols); xpad
+    needs (kw-1)*dw elements of slack after the last image."""
+    k, mp = col.shape
+    khw = kh * kw
+    pix = ho * wp
+    img = np.uint64(c * hp * wp)
+    cf = col.reshape(-1)
+    for kq in prange(k):
+        ch, i, j = kq // khw, (kq % khw) // kw, kq % kw
+        a = np.uint64((ch * hp + i * dh) * wp + j * dw)
+        for b in range(n):
+            src, dst = np.uint64(b) * img + a, np.uint64(kq * mp + b * pix)
+            for t in range(pix):
+                cf[dst + np.uint64(t)] = xpad[src + np.uint64(t)]
+
+
+@kernel
+def bias_act_pitch(out, y, pitch, b, act, alpha):
+    """y (O, Mp), image i's row oh of channel o at y[o, (i*Ho + oh)*pitch:][:Wo] ->
+    out (N, O, Ho, Wo) = act(y + b) (b may be empty)."""
+    n, o, ho, wo = out.shape
+    mp = y.shape[1]
+    yf, of = y.reshape(-1), out.reshape(-1)
+    has_bias = b.shape[0] > 0
+    for r in prange(n * o):
+        bi, oc = r // o, r % o
+        bo = b[oc] if has_bias else np.float32(0.0)
+        for oh in range(ho):
+            src = np.uint64(oc * mp + (bi * ho + oh) * pitch)
+            dst = np.uint64((r * ho + oh) * wo)
+            if act == 1:
+                for ow in range(wo):
+                    v = yf[src + np.uint64(ow)] + bo
+                    of[dst + np.uint64(ow)] = v if v > 0 else np.float32(0.0)
+            else:
+                for ow in range(wo):
+                    of[dst + np.uint64(ow)] = activate(np.float64(yf[src + np.uint64(ow)] + bo), act,
+                                                       alpha)
+
+
+@kernel
+def bias_act_pool_pitch(out, y, hc, pitch, kh, kw, sh, sw, b, act, alpha):
+    """y as in bias_act_pitch for a conv output of hc rows -> out (N, O, Ho, Wo) =
+    maxpool(act(y + b)), unpadded; exact for a non-decreasing activation (see bias_act_pool)."""
+    n, o, ho, wo = out.shape
+    mp = y.shape[1]
+    yf, of = y.reshape(-1), out.reshape(-1)
+    has_bias = b.shape[0] > 0
+    w1, one = np.uint64(pitch), np.uint64(1)
+    for r in prange(n * o):
+        bi, oc = r // o, r % o
+        bo = b[oc] if has_bias else np.float32(0.0)
+        for oh in range(ho):
+            src = np.uint64(oc * mp + (bi * hc + oh * sh) * pitch)
+            dst = np.uint64((r * ho + oh) * wo)
+            for ow in range(wo):
+                a = src + np.uint64(ow * sw)
+                if kh == 2 and kw == 2:
+                    f = max(max(yf[a], yf[a + one]), max(yf[a + w1], yf[a + w1 + one]))
+                else:
+                    f = yf[a]
+                    for i in range(kh):
+                        for j in range(kw):
+                            f = max(f, yf[a + np.uint64(i * pitch + j)])
+                v = f + bo
+                if act == 1:
+                    of[dst + np.uint64(ow)] = v if v > 0 else np.float32(0.0)
+                else:
+                    of[dst + np.uint64(ow)] = activate(np.float64(v), act, alpha)

@@ -129,6 +129,23 @@ def _conv_geometry(eng: Engine, node: Node) -> dict:
             "groups": a["groups"]}
 
 
+def _pitch_geometry(eng: Engine, node: Node, geom: tuple) -> dict:
+    """Where a conv's packed inputs put its output pixels: stride 1 at a pitch of Wp, the
+    padded width, so that each packed row is one contiguous run of the padded images (junk
+    columns ow >= Wo included, see kernels_vnni.pack_cols); otherwise at a pitch of Wo.
+
+    NOTE: even on 4x4 maps the junk costs the GEMM less than row-by-row packing costs.
+    """
+    c, h, w = eng._sample[node.inputs[0]]
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    hp, wp = h + 2 * ph, w + 2 * pw
+    ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    pitch = wp if (sh, sw) == (1, 1) else wo
+    # padded: elements of one padded image; slack: junk reads past the last one
+    return {"hp": hp, "wp": wp, "pitch": pitch, "pix": ho * pitch, "padded": c * hp * wp,
+            "slack": (kw - 1) * dw + 1}
+
+
 def _prep_conv2d(eng: Engine, node: Node) -> dict:
     d = _conv_geometry(eng, node)
     w, o, k, p, g = d["w"], d["o"], d["k"], d["p"], d["groups"]
@@ -137,22 +154,14 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         d.update(_int8_consts(eng, node, w))
         d["w2"] = w.reshape(o, k)
         d["kind"] = "vnni"
-        c, h, wd = eng._sample[node.inputs[0]]
-        hp, wp = h + 2 * ph, wd + 2 * pw
-        wo = p // ((h + 2 * ph - d["geom"][6] * (kh - 1) - 1) // sh + 1)
-        # stride 1: pixels at a pitch of Wp (see kernels_vnni.pack_cols), junk columns included.
-        # NOTE: even on 4x4 maps the junk costs the GEMM less than row-by-row packing costs
-        d["pitch"] = wp if (sh, sw) == (1, 1) else wo
-        d["pix"] = p // wo * d["pitch"]
-        d["padded"] = c * hp * wp  # bytes of one image from pad_shift
-        d["slack"] = _aligned((kw - 1) * d["geom"][7] + 1)
+        d.update(_pitch_geometry(eng, node, d["geom"]))
         per_image = (k + 4 * o) * d["pix"] + d["padded"]
         d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
         d["k4"] = -(-k // 4)
         # K % 4 != 0 (a first layer): the weights padded to whole 4-byte groups, per call
         d["wpad_bytes"] = _aligned(o * d["k4"] * 4) if k % 4 else 0
         d["scratch_bytes"] = (sum(_vnni_cols_bytes(d["chunk"] * d["pix"], o, 4 * d["k4"]))
-                              + _aligned(d["chunk"] * d["padded"]) + d["slack"] + d["wpad_bytes"])
+                              + _aligned(d["chunk"] * d["padded"]) + _aligned(d["slack"]) + d["wpad_bytes"])
         return d
     if "x_scale" in node.attrs:
         d.update(_int8_consts(eng, node, w))
@@ -173,6 +182,15 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
             d["w2"] = w.reshape(o, k)
             return d
         d["w_bytes"] = 0
+        if g == 1 and (sh, sw) == (1, 1):  # as "gemm", at a pixel pitch of Wp
+            d.update(_pitch_geometry(eng, node, d["geom"]))
+            d["kind"], d["w2"] = "gemm_pitch", w.reshape(o, k)
+            per_image = ((k + o) * d["pix"] + d["padded"]) * 4
+            d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
+            d["scratch_bytes"] = (sum(_aligned(d["chunk"] * e * 4) for e in (k * d["pix"], o * d["pix"],
+                                                                            d["padded"]))
+                                  + _aligned(d["slack"] * 4))
+            return d
         if g == 1:  # one wide GEMM per chunk: col (K, m*P) and its result (O, m*P)
             d["kind"] = "gemm"
             d["w2"] = w.reshape(o, k)
@@ -251,7 +269,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
     # a fused maxpool: the conv writes the pooled output; its own output buffer goes unused
     pool, pool_geom, x_w = None, (), y.shape[3]
     pstep = eng._pool_after.get(step)
-    if pstep is not None and (d["kind"] in ("im2col", "gemm", "vnni")
+    if pstep is not None and (d["kind"] in ("im2col", "gemm", "gemm_pitch", "vnni")
                               or (g == 1 and n * p >= F32_ROUTE_ROWS)):
         pnode = eng.graph.nodes[pstep]
         pool, pool_geom = eng._view(pnode.outputs[0], n), _pool_geom(pnode.attrs)[:4]
@@ -303,6 +321,23 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             calls += [partial(ki.im2row, col, xs, *geom, np.int8(a["x_zero_point"])),
                       partial(ki.gemm_q, ys, col, d["w2"], d["bias_adj"], d["m"], g, d["to_int8"], d["y_zp"],
                               d["lo"], d["relu"])]
+        elif d["kind"] == "gemm_pitch":
+            pix = d["pix"]
+            col = eng._scratch(step, np.float32, (k, m * pix))
+            at = _aligned(d["chunk"] * pix * k * 4)
+            yw = eng._scratch(step, np.float32, (o, m * pix), at)
+            at += _aligned(d["chunk"] * pix * o * 4)
+            xpad = eng._scratch(step, np.float32, (m * d["padded"] + d["slack"],), at)
+            kh, kw, sh, sw, ph, pw, dh, dw = geom
+            ho = y.shape[2]
+            calls += [partial(kf.pad_images, xpad, xs, ph, pw, np.float32(0)),
+                      partial(kf.im2col_pitch, col, xpad, m, xs.shape[1], d["hp"], d["wp"], kh, kw, dh,
+                              dw, ho),
+                      partial(np.matmul, d["w2"], col, out=yw),
+                      partial(kf.bias_act_pitch, y[start:start + m], yw, d["pitch"], d["b"], act, alpha)
+                      if pool is None else
+                      partial(kf.bias_act_pool_pitch, pool[start:start + m], yw, ho, d["pitch"],
+                              *pool_geom, d["b"], act, alpha)]
         elif d["kind"] == "gemm":
             col = eng._scratch(step, np.float32, (k, m * p))
             yw = eng._scratch(step, np.float32, (o, m * p), _aligned(d["chunk"] * k * p * 4))
