@@ -16,7 +16,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _import_numba_math() -> None:
-    """Import Numba's array-math registry without SciPy's linear algebra.
+    """Import Numba's array-math registry without SciPy's linear algebra (the engine calls
+    this before it first imports its kernels).
 
     NOTE: Numba's first compile or cache load imports numba.np.arraymath, which probes for BLAS
     by importing scipy.linalg: half a second of a warm start on a small board, for a probe
@@ -34,8 +35,6 @@ def _import_numba_math() -> None:
         if sys.modules.get(blocked, 0) is None:
             del sys.modules[blocked]
 
-
-_import_numba_math()
 
 from pocket.infer.engine import Engine, EngineError  # noqa: E402
 

@@ -63,7 +63,10 @@ def infer(model_path: str, inputs: list[str], *, threads: int | None = None,
         raise InputError("give at least one input: an .npy/.npz array, an image, a folder or a CSV")
     if bench < 0 or top_k < 1 or (batch_size is not None and batch_size < 1):
         raise InputError("bench must be >= 0, top_k and batch_size >= 1")
-    with Engine(model_path, threads=threads, max_batch=batch_size or 64) as eng:
+    # NOTE: a one-off run on a few inputs answers sooner from the reference interpreter than
+    # Numba starts (~0.4 s here, seconds on a Pi); more work switches to the kernels by itself
+    with Engine(model_path, threads=threads, max_batch=batch_size or 64,
+                interpret_first=not (bench or warmup)) as eng:
         t0 = time.perf_counter()
         if warmup:
             eng.warmup()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -43,9 +44,15 @@ import numpy as np
 from pocket.errors import PocketError
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Graph, ValueInfo
-from pocket.infer import kernels_fp32 as kf
-from pocket.infer import kernels_vnni as kv
-from pocket.infer.lowering import ALIAS_OPS, ALIGN, BUILDERS, PREPARE, no_prep
+
+# NOTE: the kernels (and with them Numba, ~0.4 s to import and set up) are imported when the
+# engine first plans, not here: an engine that interprets first may answer without them.
+SUPPORTED_OPS = frozenset({
+    "linear", "conv2d", "batchnorm", "relu", "leaky_relu", "sigmoid", "tanh", "gelu", "maxpool2d",
+    "avgpool2d", "global_avgpool", "flatten", "reshape", "dropout", "add", "concat", "softmax",
+    "quantize", "dequantize"})
+ALIAS_OPS = ("flatten", "reshape", "dropout")  # views of their input: no kernel, no buffer
+ALIGN = 64
 
 
 class EngineError(PocketError):
@@ -58,6 +65,10 @@ _NP = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8, "i32
 # kernel) runs on the calling thread: below it a thread pool's wake-up and barrier cost more
 # than the work they share (batch 1, small layers).
 _PARALLEL_WORK = 1 << 22
+# An engine made with interpret_first answers with the reference interpreter
+# (formats/reference.py: NumPy only, the definition the kernels match) until its calls have
+# taken this long in all, then plans and switches to the kernels for good.
+_INTERPRET_SECONDS = 0.25
 
 
 @dataclass
@@ -91,7 +102,8 @@ def _per_sample(info: ValueInfo, where: str) -> tuple[int, ...]:
 class Engine:
     """Runs one model container. See the module docstring for the memory rules."""
 
-    def __init__(self, path_or_container, *, threads: int | None = None, max_batch: int = 64):
+    def __init__(self, path_or_container, *, threads: int | None = None, max_batch: int = 64,
+                 interpret_first: bool = False):
         if isinstance(path_or_container, str | os.PathLike):
             from pocket.formats.container import read_container
 
@@ -108,22 +120,37 @@ class Engine:
             raise FormatError("graph: the model container holds no graph")
         if max_batch < 1:
             raise EngineError(f"max_batch must be >= 1, got {max_batch}")
-        unsupported = sorted({n.op for n in graph.nodes if n.op not in BUILDERS})
+        unsupported = sorted({n.op for n in graph.nodes if n.op not in SUPPORTED_OPS})
         if unsupported:
             raise EngineError(f"this engine cannot run op(s) {', '.join(unsupported)}; "
-                              f"it supports {', '.join(sorted(BUILDERS))}")
+                              f"it supports {', '.join(sorted(SUPPORTED_OPS))}")
         self.graph: Graph = graph
         self._infos = graph.validate()
         batch = next(iter(graph.inputs.values())).shape[0]
         self.max_batch = min(max_batch, batch) if isinstance(batch, int) else max_batch
-        self.set_threads(threads)
         self._params = {name: self._container.tensors[name] for name in graph.params}
         self._sample = {v: _per_sample(info, f"value '{v}'") for v, info in self._infos.items()
                         if v not in graph.params}
-        self._prep = [PREPARE.get(n.op, no_prep)(self, n) for n in graph.nodes]
+        self._want_threads = _check_threads(threads)
+        self._bound: dict[int, _Bound] = {}
+        self._planned = False
+        self._interpret_left = _INTERPRET_SECONDS if interpret_first else 0.0
+        if not interpret_first:
+            self._plan()
+
+    def _plan(self) -> None:
+        """Import the kernels, prepare every node and lay out the arena (once)."""
+        from pocket.infer import _import_numba_math
+
+        _import_numba_math()
+        from pocket.infer.lowering import PREPARE, no_prep
+
+        self._apply_threads()
+        self._prep = [PREPARE.get(n.op, no_prep)(self, n) for n in self.graph.nodes]
         self._pool_after = self._fusable_pools()
         self._skip: set[int] = set()
         self._plan_arena()
+        self._planned, self._interpret_left = True, 0.0
 
     # ---- public properties
 
@@ -162,6 +189,8 @@ class Engine:
 
     @property
     def arena_bytes(self) -> int:
+        if not self._planned:
+            self._plan()
         return self._arena.nbytes
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -171,12 +200,16 @@ class Engine:
     # ---- threads
 
     def set_threads(self, threads: int | None) -> None:
+        """Numba's (and, with threadpoolctl, BLAS's) thread count; None keeps the current one."""
+        self._want_threads = _check_threads(threads)
+        if self._planned:
+            self._apply_threads()
+
+    def _apply_threads(self) -> None:
         import numba
 
+        threads = self._want_threads
         if threads is not None:
-            if not 1 <= threads <= numba.config.NUMBA_NUM_THREADS:
-                raise EngineError(f"threads must be between 1 and "
-                                  f"{numba.config.NUMBA_NUM_THREADS}, got {threads}")
             numba.set_num_threads(threads)
         self._threads = numba.get_num_threads()
         self._bound = {}  # the plans' serial/parallel switches depend on the thread count
@@ -197,6 +230,9 @@ class Engine:
         """{conv step: maxpool step} where the conv's only reader is an unpadded maxpool and
         its activation is non-decreasing: the conv's epilogue then writes the pooled output
         directly (the IR keeps both nodes; a builder may still decline, e.g. a small batch)."""
+        from pocket.infer import kernels_fp32 as kf
+
+
         readers: dict[str, list[int]] = {}
         for step, node in enumerate(self.graph.nodes):
             for v in node.inputs:
@@ -277,6 +313,8 @@ class Engine:
     def _bind(self, n: int) -> _Bound:
         bound = self._bound.get(n)
         if bound is None:
+            from pocket.infer.lowering import BUILDERS
+
             g = self.graph
             bound = _Bound({v: self._view(v, n) for v in g.inputs},
                            [self._view(o, n) for o in g.outputs])
@@ -320,6 +358,10 @@ class Engine:
         n = None
         for name, arr in xs.items():
             n = self._check_input(name, arr, n)
+        if not self._planned:
+            if self._interpret_left > 0:
+                return self._interpret(xs)
+            self._plan()
         if n <= self.max_batch:
             bound = self._bind(n)
             self._execute(bound, xs, slice(0, n))
@@ -334,6 +376,18 @@ class Engine:
             for o, a in zip(self.graph.outputs, bound.outputs):
                 result[o][start:stop] = a
         return result
+
+    def _interpret(self, xs: dict) -> dict[str, np.ndarray]:
+        """One call through the reference interpreter: new arrays, the kernels' results up to
+        float32 rounding (int8: bit for bit)."""
+        from pocket.formats import reference
+
+        t = time.perf_counter()
+        ins = {name: np.asarray(xs[name], _NP[info.dtype]) for name, info in self.graph.inputs.items()}
+        quant = {name: self._container.quant(name) for name in self.graph.params}
+        out = reference.run(self.graph, self._params, ins, quant)
+        self._interpret_left -= time.perf_counter() - t
+        return {o: np.ascontiguousarray(out[o], _NP[self._infos[o].dtype]) for o in self.graph.outputs}
 
     def _check_input(self, name: str, arr, n: int | None) -> int:
         if name not in self.graph.inputs:
@@ -373,7 +427,9 @@ class Engine:
             raise
 
     def warmup(self) -> None:
-        """Compile (or load from the Numba cache) every kernel the plan uses."""
+        """Plan now and compile (or load from the Numba cache) every kernel the plan uses."""
+        if not self._planned:
+            self._plan()
         self.run_all({v: np.zeros((1, *self._sample[v]), _NP[info.dtype])
                       for v, info in self.graph.inputs.items()})
 
@@ -393,6 +449,19 @@ class Engine:
         self.close()
 
 
+def _check_threads(threads: int | None) -> int | None:
+    """Validate a thread count without importing Numba (its default pool size is the CPUs
+    this process may use, or NUMBA_NUM_THREADS)."""
+    if threads is None:
+        return None
+    env = os.environ.get("NUMBA_NUM_THREADS", "")
+    top = int(env) if env.isdigit() else len(os.sched_getaffinity(0)) if hasattr(
+        os, "sched_getaffinity") else os.cpu_count() or 1
+    if not 1 <= threads <= top:
+        raise EngineError(f"threads must be between 1 and {top}, got {threads}")
+    return threads
+
+
 def _direct(call: partial) -> partial:
     """A bound Numba call made straight to the compiled overload for its arguments.
 
@@ -408,6 +477,9 @@ def _direct(call: partial) -> partial:
 
 def _call_work(call: partial) -> int:
     """A bound call's work, for the serial/parallel choice (see _PARALLEL_WORK)."""
+    from pocket.infer import kernels_vnni as kv
+
+
     if call.func is np.matmul:
         return call.keywords["out"].size * call.args[0].shape[-1]
     # NOTE: a VNNI multiply-add costs about a quarter of a float32 one

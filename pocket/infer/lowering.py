@@ -24,8 +24,8 @@ from pocket.infer import kernels_vnni as kv
 if TYPE_CHECKING:
     from pocket.infer.engine import Engine
 
-ALIGN = 64
-ALIAS_OPS = ("flatten", "reshape", "dropout")
+from pocket.infer.engine import ALIGN
+
 SCRATCH_BYTES = 8 << 20  # im2col + GEMM result per chunk: a few MiB, in cache, few GEMM calls
 # An int8 conv/linear with at least this many output rows (batch x pixels) per weight runs as
 # float32 BLAS GEMMs on the int8 codes (exact, see kernels_int8.requant_sum): BLAS sgemm is 3-4x

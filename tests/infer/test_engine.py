@@ -15,6 +15,7 @@ from pocket.formats import reference as ref
 from pocket.formats.container import read_container
 from pocket.formats.errors import FormatError
 from pocket.infer import Engine, EngineError, lowering
+from pocket.infer import engine as engine_mod
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +115,7 @@ def test_errors(mnist, tmp_path, monkeypatch):
         Engine(ck)
     with read_container(ck) as c, pytest.raises(FormatError, match="model"):
         Engine(c)
-    monkeypatch.delitem(lowering.BUILDERS, "maxpool2d")
-    monkeypatch.delitem(lowering.BUILDERS, "linear")
+    monkeypatch.setattr(engine_mod, "SUPPORTED_OPS", engine_mod.SUPPORTED_OPS - {"maxpool2d", "linear"})
     with pytest.raises(EngineError, match="linear, maxpool2d") as e:
         Engine(mnist["path"])
     assert isinstance(e.value, PocketError)
@@ -154,3 +154,35 @@ def test_first_run_skips_scipy_linalg(mnist):
             "a = np.ones((3, 3))\n"
             "assert numba.njit(lambda a: np.dot(a, a))(a).sum() == 27\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_supported_ops_are_the_lowered_ops():
+    assert engine_mod.SUPPORTED_OPS == set(lowering.BUILDERS)
+
+
+def test_interpret_first_answers_without_numba(mnist):
+    """A cold process: the first answers come from the reference interpreter with Numba never
+    imported; they equal the kernels' (int8 bit for bit), and warmup() switches to the kernels."""
+    code = (f"import sys, numpy as np\nfrom pocket.infer import Engine\n"
+            f"x = np.random.default_rng(0).random((3, 1, 28, 28), dtype=np.float32)\n"
+            f"e = Engine({str(mnist['qpath'])!r}, threads=1, interpret_first=True)\n"
+            "y = e.run(x)\n"
+            "assert 'numba' not in sys.modules, 'numba imported'\n"
+            "e.warmup()\n"
+            "assert 'numba' in sys.modules and e._planned\n"
+            "assert np.array_equal(e.run(x), y)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_interpret_first_switches_to_the_kernels(mnist, monkeypatch):
+    monkeypatch.setattr(engine_mod, "_INTERPRET_SECONDS", 1e-9)
+    x = mnist["x"][:2]
+    with Engine(mnist["path"], interpret_first=True) as eng, Engine(mnist["path"]) as planned:
+        first = eng.run(x)  # interpreted; it uses up the budget
+        assert not eng._planned
+        np.testing.assert_allclose(first, planned.run(x), rtol=1e-5, atol=1e-5)
+        second = eng.run(x)
+        assert eng._planned and np.shares_memory(second, eng._arena)
+        np.testing.assert_allclose(second, first, rtol=1e-5, atol=1e-5)
+        with pytest.raises(EngineError, match="threads must be between 1 and"):
+            Engine(mnist["path"], threads=10_000, interpret_first=True)
