@@ -240,16 +240,23 @@ def gemm_cols(c, w, xp):
     """w (O, K) i8, xp (K/4, Mp) u32 (4 unsigned bytes each) -> c (O, Mp) i32 = w @ xp.
 
     NOTE: pixel tiles outermost: a tile's activations (64 pixels x BLOCK_K4 words) stay in L1
-    while every channel tile passes over them; the weights stream from L2.
+    while every channel tile passes over them; the weights stream from L2. Small maps have
+    few pixel tiles (a 4x4 map at batch 1: one), so the channels are split into blocks too,
+    giving the threads at least 8 pieces of work.
     """
     o, k = w.shape
     k4, mp = xp.shape
     wa, xa, ca = np.int64(w.ctypes.data), np.int64(xp.ctypes.data), np.int64(c.ctypes.data)
-    for pt in prange(mp // TILE_P):
-        p0 = pt * TILE_P
+    n_p = mp // TILE_P
+    tiles_o = (o + TILE_O - 1) // TILE_O
+    n_b = max(1, min(tiles_o, (8 + n_p - 1) // n_p))
+    per_b = (tiles_o + n_b - 1) // n_b * TILE_O
+    n_b = (o + per_b - 1) // per_b
+    for t in prange(n_p * n_b):
+        p0, ob = (t // n_b) * TILE_P, (t % n_b) * per_b
         for kk in range(0, k4, BLOCK_K4):
             n4 = min(BLOCK_K4, k4 - kk)
-            for o0 in range(0, o, TILE_O):
+            for o0 in range(ob, min(o, ob + per_b), TILE_O):
                 _tile_rows(min(TILE_O, o - o0), wa + o0 * k + kk * 4, k, xa + (kk * mp + p0) * 4,
                            mp * 4, ca + (o0 * mp + p0) * 4, mp * 4, n4, kk)
 
@@ -426,3 +433,20 @@ def requant_cols_pool(out, c, hc, pitch, kh, kw, sh, sw, bias, m, to_int8, y_zp,
                     for j in range(kw):
                         best = max(best, cf[a + np.uint64(i * pitch + j)])
                 of[dst + np.uint64(ow)] = _epilogue(np.int64(best) + badj, mo, y_zp, lo, to_int8, relu)
+
+
+@kernel
+def requant_cols_t(out, c, bias, m, to_int8, y_zp, lo, relu):
+    """c (O, Mp) i32, row i's sums in column i -> out (N, O) i8 or f32 = epilogue(c.T + bias):
+    a linear's epilogue after `gemm_cols`.
+
+    NOTE: along c's rows (contiguous reads, a vectorized epilogue) and scattered writes:
+    reading down c's columns left the epilogue scalar, 1.5 ns an output."""
+    n, o = out.shape
+    mp = c.shape[1]
+    cf, of = c.reshape(-1), out.reshape(-1)
+    for oc in prange(o):
+        src, badj, mo = np.uint64(oc * mp), bias[oc], m[oc]
+        for i in range(n):
+            of[np.uint64(i * o + oc)] = _epilogue(np.int64(cf[src + np.uint64(i)]) + badj, mo, y_zp, lo,
+                                                  to_int8, relu)

@@ -251,7 +251,7 @@ def _b_linear_vnni(eng: Engine, step: int, d: dict, x, y, n: int) -> list:
     xp = eng._scratch(step, np.uint32, (k // 4, mp))
     c = eng._scratch(step, np.int32, (o, mp), _vnni_cols_bytes(n, o, k)[0])
     return [partial(kv.pack_rows_t, xp, x8.view(np.uint32)), partial(kv.gemm_cols, c, w, xp),
-            partial(ki.requant_rows, y.reshape(n, o), c[:, :n].T[None], *epi)]
+            partial(kv.requant_cols_t, y.reshape(n, o), c, *epi)]
 
 
 def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
