@@ -8,9 +8,9 @@ Three reference models get random weights and a random calibration set, go throu
 pocket.train (trace + checkpoint) and pocket.export (.bin and .onnx, fp32 and int8), and run:
 
 - latency at batch 1 and time per batch at 64, fp32 and int8, for each thread count: one
-  subprocess per framework, thread count and repeat (BLAS, Numba and OpenMP pools are sized
-  before import), pocket and onnxruntime alternating repeat by repeat so machine load hits
-  both alike; the median over repeats of each repeat's median call time;
+  subprocess per framework, model, precision, thread count and repeat (BLAS, Numba and
+  OpenMP pools are sized before import), pocket and onnxruntime alternating so machine load
+  hits both alike; the median over repeats of each repeat's median call time;
 - warm start: a fresh `python -c` that imports, loads and answers one batch-1 call, after one
   untimed run to warm the caches; wall time from spawn to the answer, median over repeats.
   pocket twice: with its compiled kernels from the first call, and interpreting first (the
@@ -137,15 +137,20 @@ def latency(args, threads: int) -> list[dict]:
     """Alternate pocket and onnxruntime workers repeat by repeat, so load drifts hit both."""
     per: dict[tuple, dict[str, list[float]]] = {}
     for _ in range(args.repeats):
-        for fw in ("pocket", "onnxruntime"):
-            cmd = [sys.executable, __file__, "--worker", fw, "--threads", str(threads),
-                   "--models", ",".join(args.models), "--precisions", ",".join(args.precisions),
-                   "--batches", ",".join(map(str, args.batches)), "--budget", str(args.budget)]
-            out = subprocess.run(cmd, env=_env(threads), cwd=ROOT, check=True,
-                                 stdout=subprocess.PIPE, text=True).stdout
-            for r in json.loads(out.splitlines()[-1]):
-                key = (r["model"], r["precision"], r["batch"])
-                per.setdefault(key, {"pocket": [], "onnxruntime": []})[fw].append(r["seconds"])
+        # NOTE: one process per model and precision, as one deployment runs one model: thread
+        # pool settings are process-wide and the engine picks them from the first model it
+        # plans (OpenMP spins briefly only when a plan has no BLAS call, see engine.py)
+        for name in args.models:
+            for prec in args.precisions:
+                for fw in ("pocket", "onnxruntime"):
+                    cmd = [sys.executable, __file__, "--worker", fw, "--threads", str(threads),
+                           "--models", name, "--precisions", prec,
+                           "--batches", ",".join(map(str, args.batches)), "--budget", str(args.budget)]
+                    out = subprocess.run(cmd, env=_env(threads), cwd=ROOT, check=True,
+                                         stdout=subprocess.PIPE, text=True).stdout
+                    for r in json.loads(out.splitlines()[-1]):
+                        key = (r["model"], r["precision"], r["batch"])
+                        per.setdefault(key, {"pocket": [], "onnxruntime": []})[fw].append(r["seconds"])
     rows = []
     for (name, prec, batch), t in per.items():
         med = {k: statistics.median(v) for k, v in t.items()}
