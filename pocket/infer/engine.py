@@ -9,7 +9,9 @@ validates the graph, rejects every unsupported op in one error, and plans:
   liveness (a value's bytes are reused once no later node reads it), flatten/reshape/dropout
   are views of their input, and im2col scratch lives in the arena only during its node;
 - a conv2d (groups 1) runs per chunk of images as im2col into (C*kh*kw, chunk*Ho*Wo), one
-  sgemm, and one epilogue pass (bias, activation, a fused maxpool, back to NCHW);
+  sgemm, and one epilogue pass (bias, activation, a fused maxpool, back to NCHW); stride-1
+  convs pad the images first and lay the pixels at a pitch of the padded width, so each
+  im2col row is one contiguous copy;
 - plan-level fusion: a conv2d whose only reader is an unpadded maxpool2d (and whose
   activation is non-decreasing) writes the pooled output from its epilogue; the IR is unchanged;
 - int8 conv2d (groups 1) and linear on a CPU with AVX-512 VNNI run the int8 GEMMs of
@@ -20,6 +22,11 @@ validates the graph, rejects every unsupported op in one error, and plans:
 - for each batch size seen, the bound calls (kernels with their views) are built once and
   cached, so `run()` after the first call of a batch size allocates no arrays; calls with
   little work (batch 1, small layers) run on the calling thread alone (see _PARALLEL_WORK).
+
+`Engine(path, interpret_first=True)` defers all of that (and importing Numba, ~0.4 s) and
+answers from formats/reference.py until its calls have taken _INTERPRET_SECONDS, then plans:
+for a process that runs a few small inferences and exits (`pocket infer`); `warmup()` plans
+at once.
 
 Arrays returned by `run()` are views into the arena, overwritten by the next call; pass
 `copy=True` to keep them. Batches larger than `max_batch` are split (and the result is a new

@@ -8,12 +8,16 @@ called from ordinary Numba kernels that walk the tiles.
 
 The unsigned operand is the activations shifted by +128 (x_u = x_q ^ 0x80, a bijection of the
 bytes); the engine folds the shift into the bias like x_zp (bias_adj = b_q - (x_zp + 128) *
-wsum). The weights are read in place, in their (O, C*kh*kw) layout; nothing is repacked.
+wsum). The weights are read in place, in their (O, C*kh*kw) layout.
 
-- conv2d (groups 1, K % 4 == 0) and linear with 16+ rows: `pack_cols` / `pack_rows_t` write
-  the activations as (K/4, Mp, 4) u8 (the four bytes of one pixel's k..k+3 together, Mp = rows
-  rounded up to 64), then `gemm_cols` -> c (O, Mp) int32: each `_tile` keeps 4 channels x 64
-  pixels in 16 zmm accumulators and broadcasts 4 weight bytes per channel per step;
+- conv2d (groups 1): `pad_shift` writes the padded, shifted images once, `pack_cols` the
+  activations as (ceil(K/4), Mp) u32 (the four bytes of one pixel's columns k..k+3 in one
+  word; Mp = pixels rounded up to 64; stride-1 convs at a pixel pitch of Wp, see pack_cols),
+  then `gemm_cols` -> c (O, Mp) int32: each `_tile` keeps 4 channels x 64 pixels in 16 zmm
+  accumulators and broadcasts 4 weight bytes per channel per step; `requant_cols(_pool)`
+  writes the int8 (or float32) output, with a fused maxpool. K % 4 != 0 (a first layer)
+  pads the weights to whole words in the node's scratch each call (`pad_weights`).
+- linear with 16+ rows: `pack_rows_t` + `gemm_cols` the same way, `requant_cols_t`;
 - linear with fewer rows: `pack_rows` -> (N, Kp) u8 (room for K rounded up to 64), then
   `gemm_rows` -> c (N, O) int32: each `_dot` runs along K for 4 weight rows and reduces the
   lanes at the end; the weight rows' last partial chunk is a masked load, never past the end.
