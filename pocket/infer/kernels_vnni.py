@@ -57,8 +57,9 @@ def _detect() -> bool:
     from llvmlite import binding
 
     # NOTE: a cache built for a named or generic CPU (NUMBA_CPU_NAME) must run on machines
-    # without these instructions, and LLVM could not select them for it anyway.
-    if numba.config.CPU_NAME not in (None, "host"):
+    # without these instructions, and LLVM could not select them for it anyway; with the JIT
+    # disabled the LLVM-level loops cannot run at all.
+    if numba.config.CPU_NAME not in (None, "host") or numba.config.DISABLE_JIT:
         return False
     feats = binding.get_host_cpu_features()
     return all(feats.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni"))

@@ -6,13 +6,25 @@ fixture); here each kernel is checked alone, on the shapes where tiles and tails
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from pocket.infer import kernels_vnni as kv
 
-pytestmark = pytest.mark.skipif(not kv.AVAILABLE, reason="this CPU has no AVX-512 VNNI")
+needs_vnni = pytest.mark.skipif(not kv.AVAILABLE, reason="this CPU has no AVX-512 VNNI")
 RNG = np.random.default_rng(11)
+
+
+@pytest.mark.parametrize("env", [{"POCKET_INT8_VNNI": "0"}, {"NUMBA_CPU_NAME": "generic"},
+                                 {"NUMBA_DISABLE_JIT": "1"}])
+def test_detection_opts_out(env):
+    """The switch, a portable Numba target and a disabled JIT all keep the portable kernels."""
+    code = "from pocket.infer import kernels_vnni as kv; assert not kv.AVAILABLE"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, **env})
 
 
 def _codes(shape, lo=-128):
@@ -23,6 +35,7 @@ def _cols(m: int) -> int:
     return -(-m // kv.TILE_P) * kv.TILE_P
 
 
+@needs_vnni
 @pytest.mark.parametrize("o,k,m", [(1, 4, 1), (3, 8, 65), (4, 12, 64), (7, 260, 130),
                                    (9, 1028, 3), (5, 4 * (kv.BLOCK_K4 * 2 + 3), 200)])
 def test_gemm_cols(o, k, m):
@@ -37,6 +50,7 @@ def test_gemm_cols(o, k, m):
     assert np.array_equal(c[:, :m], want)
 
 
+@needs_vnni
 @pytest.mark.parametrize("o,k,n", [(1, 1, 1), (5, 63, 2), (4, 64, 3), (6, 65, 1), (13, 784, 5),
                                    (10, 3136, 15)])
 def test_gemm_rows(o, k, n):
@@ -65,6 +79,7 @@ def _naive_cols(x, kh, kw, sh, sw, ph, pw, dh, dw, pad):
     return out.reshape(n, ho, wo, -1)
 
 
+@needs_vnni
 @pytest.mark.parametrize("geom", [(3, 3, 1, 1, 1, 1, 1, 1), (1, 1, 1, 1, 0, 0, 1, 1),
                                   (3, 2, 2, 1, 1, 0, 1, 1), (3, 3, 1, 1, 2, 1, 2, 2),
                                   (5, 5, 2, 2, 2, 2, 1, 1)])
@@ -98,6 +113,7 @@ def test_pad_pack_gemm_is_a_convolution(geom, c):
     assert np.array_equal(out, want.transpose(0, 3, 1, 2).astype(np.float32))
 
 
+@needs_vnni
 @pytest.mark.parametrize("k,s", [((2, 2), (2, 2)), ((3, 3), (2, 2)), ((3, 2), (1, 2))])
 def test_requant_cols_pool(k, s):
     """The pooled epilogue equals pool-after-epilogue on the sums (rows of `pitch` columns)."""
