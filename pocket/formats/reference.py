@@ -115,10 +115,21 @@ def _int8_epilogue(a, acc: np.ndarray, w_scale) -> np.ndarray:
 # --------------------------------------------------------------------------- linear and conv
 
 
+def _exact_int(acc: np.ndarray) -> np.ndarray:
+    """float64 sums of int8 products -> int64, exactly.
+
+    NOTE: the int8 dot products are summed in float64 (BLAS) rather than int64 (NumPy has no
+    integer BLAS; 10x slower): every product and partial sum is an integer below 2**53
+    (|x - x_zp| <= 255, |w| <= 128, so up to 2**37 terms), which float64 holds exactly in any
+    order, so the result is the integer sum itself.
+    """
+    return acc.astype(np.int64)
+
+
 def linear(a, x, w, b=None, *, w_scale=None):
     """x (N, K), w (O, K), b (O,) -> (N, O)."""
     if _is_int8(a):
-        acc = (x.astype(np.int64) - a["x_zero_point"]) @ w.astype(np.int64).T
+        acc = _exact_int(_f64(x.astype(np.int64) - a["x_zero_point"]) @ _f64(w).T)
         if b is not None:
             acc = acc + b.astype(np.int64)
         return _int8_epilogue(a, acc, w_scale)
@@ -137,10 +148,10 @@ def _out_size(size: int, k: int, s: int, p: int, d: int = 1) -> int:
 
 
 def _conv(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int) -> np.ndarray:
-    """x (N, C, H, W), w (O, C/g, kh, kw) -> (N, O, Ho, Wo) in x's dtype (float64 or int64).
+    """x (N, C, H, W), w (O, C/g, kh, kw) float64 -> (N, O, Ho, Wo) float64.
 
     Cross-correlation as a sum over kernel taps: each tap (i, j) multiplies a strided slice of
-    the zero-padded input by w[:, :, i, j].
+    the zero-padded input by w[:, :, i, j] (einsum's optimize=True hands that to BLAS).
     """
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
@@ -156,7 +167,8 @@ def _conv(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int) 
             for j in range(kw):
                 r, s = i * dh, j * dw
                 tap = xg[:, :, r:r + sh * (ho - 1) + 1:sh, s:s + sw * (wo - 1) + 1:sw]
-                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", tap, wg[:, :, i, j])
+                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", tap, wg[:, :, i, j],
+                                                         optimize=True)
     return out
 
 
@@ -166,7 +178,7 @@ def conv2d(a, x, w, b=None, *, w_scale=None):
             a.get("groups", 1))
     if _is_int8(a):
         # NOTE: shifting by x_zp before padding with 0 is exactly "padded x_q equals x_zp".
-        acc = _conv(x.astype(np.int64) - a["x_zero_point"], w.astype(np.int64), *geom)
+        acc = _exact_int(_conv(_f64(x.astype(np.int64) - a["x_zero_point"]), _f64(w), *geom))
         if b is not None:
             acc = acc + b.astype(np.int64).reshape(1, -1, 1, 1)
         return _int8_epilogue(a, acc, w_scale)
