@@ -183,8 +183,9 @@ def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, as_j
     """Run MODEL (.bin) on INPUT files: .npy/.npz arrays, images or folders of them, CSV rows.
 
     A short run answers from the NumPy reference interpreter while it is quicker than starting
-    Numba (about 0.4 s on a desktop, more on a Pi); after 0.25 s of such calls the engine
-    switches to its compiled kernels. --warmup and --bench start with the kernels.
+    Numba (about 0.4 s on a desktop, more on a Pi); after 0.25 s of such calls, or for a batch
+    of more than 8, the engine switches to its compiled kernels. --warmup and --bench start
+    with the kernels.
     """
     from pocket.infer.app import infer as run_infer
     from pocket.infer.app import render

@@ -24,7 +24,8 @@ validates the graph, rejects every unsupported op in one error, and plans:
   little work (batch 1, small layers) run on the calling thread alone (see _PARALLEL_WORK).
 
 `Engine(path, interpret_first=True)` defers all of that (and importing Numba, ~0.4 s) and
-answers from formats/reference.py until its calls have taken _INTERPRET_SECONDS, then plans:
+answers batches of up to _INTERPRET_ROWS from formats/reference.py until its calls have taken
+_INTERPRET_SECONDS, then plans:
 for a process that runs a few small inferences and exits (`pocket infer`); `warmup()` plans
 at once.
 
@@ -76,6 +77,7 @@ _PARALLEL_WORK = 1 << 22
 # (formats/reference.py: NumPy only, the definition the kernels match) until its calls have
 # taken this long in all, then plans and switches to the kernels for good.
 _INTERPRET_SECONDS = 0.25
+_INTERPRET_ROWS = 8  # a bigger batch plans at once: the naive interpreter could take seconds
 
 
 @dataclass
@@ -367,7 +369,7 @@ class Engine:
         for name, arr in xs.items():
             n = self._check_input(name, arr, n)
         if not self._planned:
-            if self._interpret_left > 0:
+            if self._interpret_left > 0 and n <= _INTERPRET_ROWS:
                 return self._interpret(xs)
             self._plan()
         if n <= self.max_batch:

@@ -186,3 +186,9 @@ def test_interpret_first_switches_to_the_kernels(mnist, monkeypatch):
         np.testing.assert_allclose(second, first, rtol=1e-5, atol=1e-5)
         with pytest.raises(EngineError, match="threads must be between 1 and"):
             Engine(mnist["path"], threads=10_000, interpret_first=True)
+    monkeypatch.setattr(engine_mod, "_INTERPRET_SECONDS", 10.0)
+    with Engine(mnist["path"], interpret_first=True) as eng:
+        eng.run(mnist["x"][:engine_mod._INTERPRET_ROWS])
+        assert not eng._planned
+        eng.run(mnist["x"][:engine_mod._INTERPRET_ROWS + 1])  # a big batch plans at once
+        assert eng._planned
