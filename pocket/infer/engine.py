@@ -25,9 +25,8 @@ validates the graph, rejects every unsupported op in one error, and plans:
 
 `Engine(path, interpret_first=True)` defers all of that (and importing Numba, ~0.4 s) and
 answers batches of up to _INTERPRET_ROWS from formats/reference.py until its calls have taken
-_INTERPRET_SECONDS, then plans:
-for a process that runs a few small inferences and exits (`pocket infer`); `warmup()` plans
-at once.
+_INTERPRET_SECONDS, then plans: for a process that runs a few small inferences and exits
+(`pocket infer`); `warmup()` plans at once.
 
 Arrays returned by `run()` are views into the arena, overwritten by the next call; pass
 `copy=True` to keep them. Batches larger than `max_batch` are split (and the result is a new
