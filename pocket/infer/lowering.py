@@ -20,6 +20,7 @@ from pocket.formats.ir import Node
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_vnni as kv
+from pocket.infer import kernels_winograd as kwg
 
 if TYPE_CHECKING:
     from pocket.infer.engine import Engine
@@ -32,6 +33,13 @@ SCRATCH_BYTES = 8 << 20  # im2col + GEMM result per chunk: a few MiB, in cache, 
 # faster than a vectorized int8 dot in Numba, and converting the weights each call costs one
 # pass over them, which this many rows amortize. Below it, the int8 dot kernel (gemm_q).
 F32_ROUTE_ROWS = 16
+# fp32 3x3 stride-1 convs with at least this many input channels run as Winograd F(2x2, 3x3)
+# (kernels_winograd): its 16 GEMMs do 2.25x fewer multiply-adds, which outweighs the
+# transforms from about 64 channels on (32 was a little slower, measured at batch 1 and 64).
+WINOGRAD_MIN_C = 64
+# ... and at least this many tiles (2x2 outputs) a call: with fewer (batch 1 on small maps) the
+# per-call filter transform and short loops cost more than the GEMM saves.
+WINOGRAD_MIN_TILES = 512
 # With AVX-512 VNNI (kernels_vnni), a linear with at least this many rows packs them for the
 # channel x pixel tiles; fewer rows take the dot-product kernel along K.
 VNNI_TILE_ROWS = 16
@@ -182,15 +190,15 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
             d["w2"] = w.reshape(o, k)
             return d
         d["w_bytes"] = 0
+        c = eng._sample[node.inputs[0]][0]
         if g == 1 and (sh, sw) == (1, 1):  # as "gemm", at a pixel pitch of Wp
-            d.update(_pitch_geometry(eng, node, d["geom"]))
-            d["kind"], d["w2"] = "gemm_pitch", w.reshape(o, k)
-            per_image = ((k + o) * d["pix"] + d["padded"]) * 4
-            d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
-            d["scratch_bytes"] = (sum(_aligned(d["chunk"] * e * 4) for e in (k * d["pix"], o * d["pix"],
-                                                                            d["padded"]))
-                                  + _aligned(d["slack"] * 4))
-            return d
+            pitch = _prep_pitch(eng, node, dict(d))
+            if (kh, kw) == (3, 3) and tuple(d["geom"][6:]) == (1, 1) and c >= WINOGRAD_MIN_C:
+                wino = _prep_winograd(eng, node, d)
+                wino["pitch_plan"] = pitch  # for batches with few tiles
+                wino["scratch_bytes"] = max(wino["scratch_bytes"], pitch["scratch_bytes"])
+                return wino
+            return pitch
         if g == 1:  # one wide GEMM per chunk: col (K, m*P) and its result (O, m*P)
             d["kind"] = "gemm"
             d["w2"] = w.reshape(o, k)
@@ -202,6 +210,36 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
     d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
     d["scratch_bytes"] = d["w_bytes"] + _aligned(d["chunk"] * k * p * 4) + d["chunk"] * (
         per_image - k * p * 4)
+    return d
+
+
+def _winograd_sizes(d: dict, m: int) -> list[int]:
+    """Scratch of a Winograd conv for m images, in order: U, padded images, row scratch, V, M,
+    output row scratch (float32 elements)."""
+    c, o, t = d["c"], d["o"], d["th"] * d["tw"]
+    return [16 * o * c, m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"], 16 * c * m * t,
+            16 * o * m * t, m * o * 8 * d["tw"]]
+
+
+def _prep_pitch(eng: Engine, node: Node, d: dict) -> dict:
+    d.update(_pitch_geometry(eng, node, d["geom"]))
+    d["kind"], d["w2"] = "gemm_pitch", d["w"].reshape(d["o"], d["k"])
+    per_image = ((d["k"] + d["o"]) * d["pix"] + d["padded"]) * 4
+    d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
+    d["scratch_bytes"] = (sum(_aligned(d["chunk"] * e * 4) for e in (
+        d["k"] * d["pix"], d["o"] * d["pix"], d["padded"])) + _aligned(d["slack"] * 4))
+    return d
+
+
+def _prep_winograd(eng: Engine, node: Node, d: dict) -> dict:
+    c, h, w = eng._sample[node.inputs[0]]
+    ph, pw = d["geom"][4:6]
+    ho, wo = h + 2 * ph - 2, w + 2 * pw - 2
+    d.update(kind="winograd", c=c, th=-(-ho // 2), tw=-(-wo // 2), w9=d["w"].reshape(-1, 9))
+    d["hp"], d["wp"] = 2 * d["th"] + 2, 2 * d["tw"] + 2
+    per_image = sum(_winograd_sizes(d, 1)[1:]) * 4
+    d["chunk"] = max(1, min(eng.max_batch, (SCRATCH_BYTES - 64 * d["o"] * c) // per_image))
+    d["scratch_bytes"] = sum(_aligned(e * 4) for e in _winograd_sizes(d, d["chunk"]))
     return d
 
 
@@ -256,6 +294,8 @@ def _b_linear_vnni(eng: Engine, step: int, d: dict, x, y, n: int) -> list:
 
 def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
     d, a = eng._prep[step], node.attrs
+    if d["kind"] == "winograd" and n * d["th"] * d["tw"] < WINOGRAD_MIN_TILES:
+        d = d["pitch_plan"]
     x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
     o, k, p, g, geom = d["o"], d["k"], d["p"], d["groups"], d["geom"]
     act, alpha = _act_code(a), a["alpha"]
@@ -269,8 +309,10 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
     # a fused maxpool: the conv writes the pooled output; its own output buffer goes unused
     pool, pool_geom, x_w = None, (), y.shape[3]
     pstep = eng._pool_after.get(step)
-    if pstep is not None and (d["kind"] in ("im2col", "gemm", "gemm_pitch", "vnni")
-                              or (g == 1 and n * p >= F32_ROUTE_ROWS)):
+    pool_ok = d["kind"] != "winograd" or (pstep is not None and tuple(
+        _pool_geom(eng.graph.nodes[pstep].attrs)[:4]) == (2, 2, 2, 2))
+    if pstep is not None and pool_ok and (d["kind"] in ("im2col", "gemm", "gemm_pitch", "vnni", "winograd")
+                                          or (g == 1 and n * p >= F32_ROUTE_ROWS)):
         pnode = eng.graph.nodes[pstep]
         pool, pool_geom = eng._view(pnode.outputs[0], n), _pool_geom(pnode.attrs)[:4]
         eng._skip.add(pstep)
@@ -321,6 +363,22 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             calls += [partial(ki.im2row, col, xs, *geom, np.int8(a["x_zero_point"])),
                       partial(ki.gemm_q, ys, col, d["w2"], d["bias_adj"], d["m"], g, d["to_int8"], d["y_zp"],
                               d["lo"], d["relu"])]
+        elif d["kind"] == "winograd":
+            c, th, tw, t = d["c"], d["th"], d["tw"], d["th"] * d["tw"]
+            shapes = [(16, o, c), (m, c, d["hp"], d["wp"]), (m * c, 4, d["wp"]), (16, c, m * t),
+                      (16, o, m * t), (m * o, 8, tw)]
+            at, views = 0, []
+            for shape, full in zip(shapes, _winograd_sizes(d, d["chunk"])):
+                views.append(eng._scratch(step, np.float32, shape, at))
+                at += _aligned(full * 4)
+            u, xpad, tin, v, mm, tout = views
+            if start == 0:  # G w G^T for this call (the weights themselves stay in the mmap)
+                calls.append(partial(np.matmul, kwg.FILTER, d["w9"].T, out=u.reshape(16, o * c)))
+            calls += [partial(kwg.pad_tiles, xpad, xs, *geom[4:6]),
+                      partial(kwg.input_transform, v, xpad, tin, th, tw),
+                      partial(np.matmul, u, v, out=mm),
+                      partial(kwg.output_transform, y[start:start + m] if pool is None else
+                              pool[start:start + m], mm, tout, th, tw, d["b"], act, alpha, pool is not None)]
         elif d["kind"] == "gemm_pitch":
             pix = d["pix"]
             col = eng._scratch(step, np.float32, (k, m * pix))

@@ -402,3 +402,86 @@ def test_serial_and_parallel_plans_agree(work, n, int8, monkeypatch, int8_route)
         assert np.array_equal(got, want)
     else:
         assert_close(got, want, scale=45)
+
+
+# --------------------------------------------------------------------------- Winograd F(2x2, 3x3)
+# fp32 3x3 stride-1 convs with WINOGRAD_MIN_C+ input channels (kernels_winograd)
+
+
+@pytest.mark.parametrize("hw,pad", [((8, 8), [1, 1]), ((7, 9), [1, 1]), ((6, 5), [0, 0]),
+                                    ((5, 7), [2, 1])])
+@pytest.mark.parametrize("n", [1, 7])
+@pytest.mark.parametrize("act", ["relu", "none", "gelu"])
+def test_conv2d_winograd(hw, pad, n, act, monkeypatch):
+    """Even and odd output sizes (partial last tiles), paddings 0-2, batch chunks of one image."""
+    from pocket.infer import lowering
+
+    monkeypatch.setattr(lowering, "SCRATCH_BYTES", 1)  # one image a chunk
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 1)
+    c, o = lowering.WINOGRAD_MIN_C, 5
+    params = _conv_params(c, o, 3, 3, 1, bias=act != "none")
+    x = RNG.standard_normal((n, c, *hw)).astype(np.float32)
+    node = Node("conv", "conv2d", ["x", "w", "b"] if act != "none" else ["x", "w"], ["y"],
+                {"padding": pad, "activation": act})
+    with Engine(FakeContainer(Graph({"x": ValueInfo("f32", ("N", c, *hw))}, ["y"], [node],
+                                    {k: _info(v) for k, v in params.items()}), params)) as eng:
+        assert eng._prep[0]["kind"] == "winograd"
+    got, want = run_both(x, [node], params)
+    assert_close(got, want, scale=3 * np.sqrt(9 * c))
+
+
+@pytest.mark.parametrize("k,s", [([2, 2], None), ([3, 3], [2, 2])])
+@pytest.mark.parametrize("hw", [(8, 8), (7, 9)])
+def test_conv_maxpool_winograd(k, s, hw, monkeypatch):
+    """A 2x2/2 pool fuses into the output transform (the max of each tile); other pools run
+    after an unfused Winograd conv."""
+    from pocket.infer import lowering
+
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 1)
+    params = _conv_params(4, 6, 3, 3, 1)
+    x = RNG.standard_normal((3, 4, *hw)).astype(np.float32)
+    nodes = [Node("conv", "conv2d", ["x", "w", "b"], ["c"], {"padding": [1, 1], "activation": "relu"}),
+             Node("pool", "maxpool2d", ["c"], ["y"], {"kernel": k, "stride": s, "padding": [0, 0]})]
+    got, want = run_both(x, nodes, params)
+    assert_close(got, want, scale=20)
+
+
+def test_winograd_only_where_it_applies(monkeypatch):
+    """Winograd takes 3x3, stride 1, dilation 1, groups 1 and enough channels; nothing else."""
+    from pocket.infer import lowering
+
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
+    for name, want in (("3x3-pad", "winograd"), ("dilation", "gemm"), ("1x1", "pointwise"),
+                       ("5x5-stride2", "gemm"), ("groups2", "im2col")):
+        c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
+        x = RNG.standard_normal((2, max(c, 4) if name == "3x3-pad" else c, h, w)).astype(np.float32)
+        params = _conv_params(x.shape[1], o, kh, kw, g)
+        node = Node("conv", "conv2d", ["x", "w", "b"], ["y"],
+                    {"stride": s, "padding": p, "dilation": d, "groups": g})
+        graph = Graph({"x": ValueInfo("f32", ("N", *x.shape[1:]))}, ["y"], [node],
+                      {k: _info(v) for k, v in params.items()})
+        with Engine(FakeContainer(graph, params)) as eng:
+            kind = eng._prep[0]["kind"]
+        assert kind == want, name
+        got, want_y = run_both(x, [node], params)
+        assert_close(got, want_y, scale=20)
+
+
+def test_winograd_falls_back_on_few_tiles(monkeypatch):
+    """Below WINOGRAD_MIN_TILES a call runs the pitch GEMM path; both give the same outputs."""
+    from pocket.infer import lowering
+
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 20)  # 4x4 tiles an image: n=1 falls back
+    params = _conv_params(4, 3, 3, 3, 1)
+    node = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {"padding": [1, 1]})
+    graph = Graph({"x": ValueInfo("f32", ("N", 4, 8, 8))}, ["y"], [node],
+                  {k: _info(v) for k, v in params.items()})
+    x = RNG.standard_normal((2, 4, 8, 8)).astype(np.float32)
+    with Engine(FakeContainer(graph, params)) as eng:
+        one, two = eng.run(x[:1], copy=True), eng.run(x, copy=True)
+        kinds = {n: [getattr(c.func, "__name__", "") for c in eng._bound[n].calls] for n in (1, 2)}
+    assert not any("transform" in f for f in kinds[1]) and any("input_transform" in f for f in kinds[2])
+    assert_close(one[0], two[0], scale=10)
+    assert_close(two, ref.run(graph, params, x)["y"], scale=10)

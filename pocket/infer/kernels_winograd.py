@@ -1,0 +1,190 @@
+"""fp32 3x3 stride-1 convolutions by Winograd's minimal filtering F(2x2, 3x3) (Lavin & Gray,
+"Fast Algorithms for Convolutional Neural Networks", 2016).
+
+Each 2x2 block of outputs comes from a 4x4 patch d of the padded input:
+    Y = A^T [ sum over input channels of (G g G^T) * (B^T d B) ] A     (* elementwise)
+so the convolution becomes 16 independent GEMMs, U[e] (O, C) @ V[e] (C, tiles): 16 products
+per 4 outputs instead of 36, 2.25x fewer multiply-adds, and V holds 4x the input where im2col's
+columns hold 9x. The transforms only add, subtract and halve, so the result differs from direct
+summation by float32 rounding, within the engine's fp32 tolerance of formats/reference.py.
+
+    B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]    G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]
+    A^T = [1 1 1 0; 0 1 -1 -1]
+
+Tiles: image b's tile (th, tw) covers output rows 2th, 2th+1 and columns 2tw, 2tw+1; it is
+column b*T + th*Tw + tw of V and M (T = Th*Tw tiles an image, Th = ceil(Ho/2)). Outputs past
+Ho x Wo (odd sizes) come from zero padding and are dropped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from pocket.infer.jit import kernel
+from pocket.infer.kernels_fp32 import activate
+
+# u[4i + k, o, c] = sum over (a, b) of G[i, a] G[k, b] w[o, c, a, b]: the filter transform is
+# one float32 GEMM, FILTER (16, 9) @ w.reshape(O*C, 9).T -> u (16, O*C), made by the engine
+_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+FILTER = np.kron(_G, _G).astype(np.float32)
+
+
+@kernel
+def pad_tiles(xpad, x, ph, pw):
+    """x (N, C, H, W) -> xpad (N, C, Hp, Wp) with x at (ph, pw) and zeros around it; Hp, Wp
+    cover every tile's 4x4 patch (2*Th + 2, 2*Tw + 2)."""
+    n, c, h, w = x.shape
+    hp, wp = xpad.shape[2], xpad.shape[3]
+    xf, pf = x.reshape(-1), xpad.reshape(-1)
+    plane = np.uint64(hp * wp)
+    for t in prange(n * c):
+        d, s = np.uint64(t) * plane, np.uint64(t * h * w)
+        for j in range(plane):
+            pf[d + np.uint64(j)] = 0.0
+        for i in range(h):
+            r, q = d + np.uint64((ph + i) * wp + pw), s + np.uint64(i * w)
+            for j in range(w):
+                pf[r + np.uint64(j)] = xf[q + np.uint64(j)]
+
+
+@kernel
+def input_transform(v, xpad, tmp, th_n, tw_n):
+    """xpad (N, C, Hp, Wp) from pad_tiles -> v (16, C, >= N*T) = B^T d B of every tile's 4x4
+    patch d = xpad[b, c, 2th:2th+4, 2tw:2tw+4]; tmp (N*C, 4, Wp) is scratch.
+
+    NOTE: two passes per tile row, each a set of loops with one store stream: B^T d for the
+    whole padded width (contiguous), then the 16 (B^T d) B elements across the row's tiles
+    (stride-2 loads). One loop storing all 16 elements of a tile stayed scalar (LLVM does not
+    vectorize that many streams) and ran 6x slower than im2col."""
+    n, c, hp, wp = xpad.shape
+    cols = v.shape[2]
+    tiles = th_n * tw_n
+    xf, vf, tf = xpad.reshape(-1), v.reshape(-1), tmp.reshape(-1)
+    one, two, three = np.uint64(1), np.uint64(2), np.uint64(3)
+    for r in prange(n * c):
+        b, ch = r // c, r % c
+        base = np.uint64(r * hp * wp)
+        t0 = np.uint64(r * 4 * wp)  # tmp[r]: rows t0, t1, t2, t3 of B^T d
+        t1, t2, t3 = t0 + np.uint64(wp), t0 + np.uint64(2 * wp), t0 + np.uint64(3 * wp)
+        for th in range(th_n):
+            q0 = base + np.uint64(2 * th * wp)
+            q1, q2, q3 = q0 + np.uint64(wp), q0 + np.uint64(2 * wp), q0 + np.uint64(3 * wp)
+            for j in range(wp):
+                u = np.uint64(j)
+                tf[t0 + u] = xf[q0 + u] - xf[q2 + u]
+            for j in range(wp):
+                u = np.uint64(j)
+                tf[t1 + u] = xf[q1 + u] + xf[q2 + u]
+            for j in range(wp):
+                u = np.uint64(j)
+                tf[t2 + u] = xf[q2 + u] - xf[q1 + u]
+            for j in range(wp):
+                u = np.uint64(j)
+                tf[t3 + u] = xf[q1 + u] - xf[q3 + u]
+            out = np.uint64(ch * cols + b * tiles + th * tw_n)
+            for i in range(4):
+                row = t0 + np.uint64(i * wp)
+                o0 = out + np.uint64(4 * i * c * cols)
+                o1, o2, o3 = (o0 + np.uint64(c * cols), o0 + np.uint64(2 * c * cols),
+                              o0 + np.uint64(3 * c * cols))
+                for tw in range(tw_n):
+                    u, j = np.uint64(tw), row + np.uint64(2 * tw)
+                    vf[o0 + u] = tf[j] - tf[j + two]
+                for tw in range(tw_n):
+                    u, j = np.uint64(tw), row + np.uint64(2 * tw)
+                    vf[o1 + u] = tf[j + one] + tf[j + two]
+                for tw in range(tw_n):
+                    u, j = np.uint64(tw), row + np.uint64(2 * tw)
+                    vf[o2 + u] = tf[j + two] - tf[j + one]
+                for tw in range(tw_n):
+                    u, j = np.uint64(tw), row + np.uint64(2 * tw)
+                    vf[o3 + u] = tf[j + one] - tf[j + three]
+
+
+@njit(cache=True, inline="always")
+def _act(v, act, alpha):
+    return (v if v > 0 else np.float32(0.0)) if act == 1 else np.float32(activate(np.float64(v), act, alpha))
+
+
+@kernel
+def output_transform(out, m, tmp, th_n, tw_n, b, act, alpha, pool):
+    """m (16, O, >= N*T) f32 -> out (N, O, Ho, Wo) = act(A^T m A + b) (b may be empty); with
+    pool, out (N, O, Ho//2, Wo//2) = the max of each tile's 2x2 outputs, which is a 2x2/2
+    maxpool of the convolution (taken before a non-decreasing activation, as in bias_act_pool).
+    tmp (N*O, 8, Tw) is scratch.
+
+    NOTE: two passes per tile row, like input_transform: A^T m for each tile column (3 loads, 1
+    store a loop), then the 2x2 outputs; only a partial last tile row or column is checked."""
+    n, o, ho, wo = out.shape
+    cols = m.shape[2]
+    tiles = th_n * tw_n
+    has_bias = b.shape[0] > 0
+    mf, of, tf = m.reshape(-1), out.reshape(-1), tmp.reshape(-1)
+    e = np.uint64(o * cols)
+    one = np.uint64(1)
+    rows = min(th_n, ho) if pool else th_n
+    full = min(tw_n, wo) if pool else wo // 2
+    for r in prange(n * o):
+        bi, oc = r // o, r % o
+        bo = b[oc] if has_bias else np.float32(0.0)
+        plane = np.uint64(r * ho * wo)
+        w_ = np.uint64(tw_n)
+        s0 = np.uint64(r * 8 * tw_n)  # tmp[r]: s0..s3 = rows 0+1+2, d0..d3 = rows 1-2-3
+        s1, s2, s3 = s0 + w_, s0 + np.uint64(2) * w_, s0 + np.uint64(3) * w_
+        d0, d1, d2, d3 = (s0 + np.uint64(4) * w_, s0 + np.uint64(5) * w_, s0 + np.uint64(6) * w_,
+                          s0 + np.uint64(7) * w_)
+        for th in range(rows):
+            src = np.uint64(oc * cols + bi * tiles + th * tw_n)
+            for k in range(4):  # column k of the tile
+                a0 = src + np.uint64(k) * e
+                a1, a2, a3 = a0 + np.uint64(4) * e, a0 + np.uint64(8) * e, a0 + np.uint64(12) * e
+                sk, dk = s0 + np.uint64(k) * w_, d0 + np.uint64(k) * w_
+                for tw in range(tw_n):
+                    u = np.uint64(tw)
+                    tf[sk + u] = mf[a0 + u] + mf[a1 + u] + mf[a2 + u]
+                for tw in range(tw_n):
+                    u = np.uint64(tw)
+                    tf[dk + u] = mf[a1 + u] - mf[a2 + u] - mf[a3 + u]
+            if pool:
+                dst = plane + np.uint64(th * wo)
+                for tw in range(full):
+                    u = np.uint64(tw)
+                    f = max(max(tf[s0 + u] + tf[s1 + u] + tf[s2 + u], tf[s1 + u] - tf[s2 + u] - tf[s3 + u]),
+                            max(tf[d0 + u] + tf[d1 + u] + tf[d2 + u], tf[d1 + u] - tf[d2 + u] - tf[d3 + u]))
+                    of[dst + u] = _act(f + bo, act, alpha)
+                continue
+            i = 2 * th
+            if i + 1 < ho:
+                top = plane + np.uint64(i * wo)
+                bottom = top + np.uint64(wo)
+                for tw in range(full):
+                    u, j = np.uint64(tw), np.uint64(2 * tw)
+                    y00 = tf[s0 + u] + tf[s1 + u] + tf[s2 + u] + bo
+                    y01 = tf[s1 + u] - tf[s2 + u] - tf[s3 + u] + bo
+                    y10 = tf[d0 + u] + tf[d1 + u] + tf[d2 + u] + bo
+                    y11 = tf[d1 + u] - tf[d2 + u] - tf[d3 + u] + bo
+                    if act == 1:
+                        of[top + j] = y00 if y00 > 0 else np.float32(0.0)
+                        of[top + j + one] = y01 if y01 > 0 else np.float32(0.0)
+                        of[bottom + j] = y10 if y10 > 0 else np.float32(0.0)
+                        of[bottom + j + one] = y11 if y11 > 0 else np.float32(0.0)
+                    else:
+                        of[top + j] = _act(y00, act, alpha)
+                        of[top + j + one] = _act(y01, act, alpha)
+                        of[bottom + j] = _act(y10, act, alpha)
+                        of[bottom + j + one] = _act(y11, act, alpha)
+            for tw in range(tw_n):  # what the loop above left: a last column, a last row
+                if tw < full and i + 1 < ho:
+                    continue
+                j, u = 2 * tw, np.uint64(tw)
+                y = (tf[s0 + u] + tf[s1 + u] + tf[s2 + u], tf[s1 + u] - tf[s2 + u] - tf[s3 + u],
+                     tf[d0 + u] + tf[d1 + u] + tf[d2 + u], tf[d1 + u] - tf[d2 + u] - tf[d3 + u])
+                if i < ho and j < wo:
+                    of[plane + np.uint64(i * wo + j)] = _act(y[0] + bo, act, alpha)
+                if i < ho and j + 1 < wo:
+                    of[plane + np.uint64(i * wo + j + 1)] = _act(y[1] + bo, act, alpha)
+                if i + 1 < ho and j < wo:
+                    of[plane + np.uint64((i + 1) * wo + j)] = _act(y[2] + bo, act, alpha)
+                if i + 1 < ho and j + 1 < wo:
+                    of[plane + np.uint64((i + 1) * wo + j + 1)] = _act(y[3] + bo, act, alpha)
