@@ -48,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 MODELS = {
     "cnn": ("cnn", (3, 16, 16), 10, {"channels": [4, 8], "hidden": [16]}),
     "resnet": ("resnet", (3, 8, 8), 5, {"channels": [4, 8, 8]}),
+    # 64 channels into a 3x3 conv on 16x16: the fp32 engine's Winograd path (64 tiles a call)
+    "wide": ("cnn", (3, 16, 16), 10, {"channels": [64, 64], "hidden": [16]}),
 }
 
 
