@@ -145,6 +145,7 @@ class Engine:
         self._bound: dict[int, _Bound] = {}
         self._planned = False
         self._interpret_left = _INTERPRET_SECONDS if interpret_first else 0.0
+        self._quant: dict | None = None  # the weights' int8 scales, for the interpreter
         if not interpret_first:
             self._plan()
 
@@ -395,8 +396,9 @@ class Engine:
 
         t = time.perf_counter()
         ins = {name: np.asarray(xs[name], _NP[info.dtype]) for name, info in self.graph.inputs.items()}
-        quant = {name: self._container.quant(name) for name in self.graph.params}
-        out = reference.run(self.graph, self._params, ins, quant)
+        if self._quant is None:
+            self._quant = {name: self._container.quant(name) for name in self.graph.params}
+        out = reference.run(self.graph, self._params, ins, self._quant)
         self._interpret_left -= time.perf_counter() - t
         return {o: np.ascontiguousarray(out[o], _NP[self._infos[o].dtype]) for o in self.graph.outputs}
 

@@ -319,11 +319,11 @@ def bias_act_pool(out, y, rb, cb, wd, kh, kw, sh, sw, b, act, alpha):
 
 
 @kernel
-def pad_images(xpad, x, ph, pw, pad):
-    """x (N, C, H, W) -> xpad (>= N*C*Hp*Wp,): the images with Hp = H + 2ph, Wp = W + 2pw
-    and `pad` on the border (flat unsigned indices, see kernels_vnni.pad_shift)."""
+def pad_images(xpad, x, ph, pw, hp, wp, pad):
+    """x (N, C, H, W) -> xpad (>= N*C*Hp*Wp,): the images in planes of Hp x Wp (at least
+    H + ph and W + pw; usually H + 2ph, W + 2pw) with x at (ph, pw) and `pad` around it (flat
+    unsigned indices, see kernels_vnni.pad_shift)."""
     n, c, h, w = x.shape
-    hp, wp = h + 2 * ph, w + 2 * pw
     xf = x.reshape(-1)
     plane = np.uint64(hp * wp)
     for t in prange(n * c):

@@ -31,26 +31,9 @@ FILTER = np.kron(_G, _G).astype(np.float32)
 
 
 @kernel
-def pad_tiles(xpad, x, ph, pw):
-    """x (N, C, H, W) -> xpad (N, C, Hp, Wp) with x at (ph, pw) and zeros around it; Hp, Wp
-    cover every tile's 4x4 patch (2*Th + 2, 2*Tw + 2)."""
-    n, c, h, w = x.shape
-    hp, wp = xpad.shape[2], xpad.shape[3]
-    xf, pf = x.reshape(-1), xpad.reshape(-1)
-    plane = np.uint64(hp * wp)
-    for t in prange(n * c):
-        d, s = np.uint64(t) * plane, np.uint64(t * h * w)
-        for j in range(plane):
-            pf[d + np.uint64(j)] = 0.0
-        for i in range(h):
-            r, q = d + np.uint64((ph + i) * wp + pw), s + np.uint64(i * w)
-            for j in range(w):
-                pf[r + np.uint64(j)] = xf[q + np.uint64(j)]
-
-
-@kernel
 def input_transform(v, xpad, tmp, th_n, tw_n):
-    """xpad (N, C, Hp, Wp) from pad_tiles -> v (16, C, >= N*T) = B^T d B of every tile's 4x4
+    """xpad (N, C, Hp, Wp): the zero-padded images (kernels_fp32.pad_images with Hp = 2*Th + 2,
+    Wp = 2*Tw + 2, so every tile's patch is inside) -> v (16, C, >= N*T) = B^T d B of every tile's 4x4
     patch d = xpad[b, c, 2th:2th+4, 2tw:2tw+4]; tmp (N*C, 4, Wp) is scratch.
 
     NOTE: two passes per tile row, each a set of loops with one store stream: B^T d for the

@@ -375,7 +375,8 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             u, xpad, tin, v, mm, tout = views
             if start == 0:  # G w G^T for this call (the weights themselves stay in the mmap)
                 calls.append(partial(np.matmul, kwg.FILTER, d["w9"].T, out=u.reshape(16, o * c)))
-            calls += [partial(kwg.pad_tiles, xpad, xs, *geom[4:6]),
+            calls += [partial(kf.pad_images, xpad.reshape(-1), xs, *geom[4:6], d["hp"], d["wp"],
+                              np.float32(0)),
                       partial(kwg.input_transform, v, xpad, tin, th, tw),
                       partial(np.matmul, u, v, out=mm),
                       partial(kwg.output_transform, y[start:start + m] if pool is None else
@@ -389,7 +390,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             xpad = eng._scratch(step, np.float32, (m * d["padded"] + d["slack"],), at)
             kh, kw, sh, sw, ph, pw, dh, dw = geom
             ho = y.shape[2]
-            calls += [partial(kf.pad_images, xpad, xs, ph, pw, np.float32(0)),
+            calls += [partial(kf.pad_images, xpad, xs, ph, pw, d["hp"], d["wp"], np.float32(0)),
                       partial(kf.im2col_pitch, col, xpad, m, xs.shape[1], d["hp"], d["wp"], kh, kw, dh,
                               dw, ho),
                       partial(np.matmul, d["w2"], col, out=yw),
