@@ -243,7 +243,7 @@ class Engine:
         its activation is non-decreasing: the conv's epilogue then writes the pooled output
         directly (the IR keeps both nodes; a builder may still decline, e.g. a small batch)."""
         from pocket.infer import kernels_fp32 as kf
-
+        from pocket.infer.lowering import POOL_FUSING_KINDS
 
         readers: dict[str, list[int]] = {}
         for step, node in enumerate(self.graph.nodes):
@@ -254,8 +254,7 @@ class Engine:
             out, a = node.outputs[0], node.attrs
             steps = readers.get(out, [])
             if (node.op != "conv2d" or out in self.graph.outputs or len(steps) != 1
-                    or self._prep[step].get("kind") not in ("im2col", "gemm", "gemm_pitch", "int8",
-                                                             "vnni", "winograd")):
+                    or self._prep[step].get("kind") not in POOL_FUSING_KINDS):
                 continue
             pool = self.graph.nodes[steps[0]]
             act = kf.ACT[a.get("activation", "none")]
@@ -510,14 +509,16 @@ def _direct(call: partial) -> partial:
 
 def _call_work(call: partial) -> int:
     """A bound call's work, for the serial/parallel choice (see _PARALLEL_WORK)."""
+    from pocket.infer import kernels_fma as kfma
     from pocket.infer import kernels_vnni as kv
-
 
     if call.func is np.matmul:
         return call.keywords["out"].size * call.args[0].shape[-1]
     # NOTE: a VNNI multiply-add costs about a quarter of a float32 one
     if call.func is kv.gemm_cols:
         return call.args[0].size * call.args[2].shape[0]
+    if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
+        return call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
     if call.func is kv.gemm_rows:
         return call.args[0].size * call.args[2].shape[1] // 4
     return 16 * max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)

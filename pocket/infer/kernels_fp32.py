@@ -358,8 +358,8 @@ def im2col_pitch(col, xpad, n, c, hp, wp, kh, kw, dh, dw, ho):
 
 
 @kernel
-def bias_act_pitch(out, y, pitch, b, act, alpha):
-    """y (O, Mp), image i's row oh of channel o at y[o, (i*Ho + oh)*pitch:][:Wo] ->
+def bias_act_pitch(out, y, pitch, istride, b, act, alpha):
+    """y (O, Mp), image i's row oh of channel o at y[o, i*istride + oh*pitch:][:Wo] ->
     out (N, O, Ho, Wo) = act(y + b) (b may be empty)."""
     n, o, ho, wo = out.shape
     mp = y.shape[1]
@@ -369,7 +369,7 @@ def bias_act_pitch(out, y, pitch, b, act, alpha):
         bi, oc = r // o, r % o
         bo = b[oc] if has_bias else np.float32(0.0)
         for oh in range(ho):
-            src = np.uint64(oc * mp + (bi * ho + oh) * pitch)
+            src = np.uint64(oc * mp + bi * istride + oh * pitch)
             dst = np.uint64((r * ho + oh) * wo)
             if act == 1:
                 for ow in range(wo):
@@ -382,8 +382,8 @@ def bias_act_pitch(out, y, pitch, b, act, alpha):
 
 
 @kernel
-def bias_act_pool_pitch(out, y, hc, pitch, kh, kw, sh, sw, b, act, alpha):
-    """y as in bias_act_pitch for a conv output of hc rows -> out (N, O, Ho, Wo) =
+def bias_act_pool_pitch(out, y, pitch, istride, kh, kw, sh, sw, b, act, alpha):
+    """y as in bias_act_pitch (the conv's output) -> out (N, O, Ho, Wo) =
     maxpool(act(y + b)), unpadded; exact for a non-decreasing activation (see bias_act_pool)."""
     n, o, ho, wo = out.shape
     mp = y.shape[1]
@@ -394,7 +394,7 @@ def bias_act_pool_pitch(out, y, hc, pitch, kh, kw, sh, sw, b, act, alpha):
         bi, oc = r // o, r % o
         bo = b[oc] if has_bias else np.float32(0.0)
         for oh in range(ho):
-            src = np.uint64(oc * mp + (bi * hc + oh * sh) * pitch)
+            src = np.uint64(oc * mp + bi * istride + oh * sh * pitch)
             dst = np.uint64((r * ho + oh) * wo)
             for ow in range(wo):
                 a = src + np.uint64(ow * sw)

@@ -17,6 +17,7 @@ import numpy as np
 from pocket.formats import quant as qm
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Node
+from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_vnni as kv
@@ -41,9 +42,20 @@ WINOGRAD_MIN_C = 64
 # less) the per-call filter transform and short loops cost more than the GEMM saves (cnn_cifar
 # fp32 batch 1: 3.6 ms at 64, 4.2 ms at 16, 4.0 ms at 512).
 WINOGRAD_MIN_TILES = 64
+# With AVX-512 (kernels_fma), an fp32 conv's GEMM result and inputs per chunk: small enough to
+# stay in L2 between the GEMM and its epilogue.
+FMA_SCRATCH_BYTES = 2 << 20
+# ... and a stride-1 conv reads its padded images in place unless the pitch's junk columns
+# (the padding, and the last partial tile of each image) cost more than im2col would: the
+# copy costs about as much as this many multiply-adds per column element (measured: ~0.2 ns
+# against ~0.012 ns a multiply-add), shared by the output channels.
+FMA_IM2COL_MACS = 17
 # With AVX-512 VNNI (kernels_vnni), a linear with at least this many rows packs them for the
 # channel x pixel tiles; fewer rows take the dot-product kernel along K.
 VNNI_TILE_ROWS = 16
+# conv routes whose epilogue can write a following maxpool's output (int8: only on its float32
+# route, i.e. groups 1 and enough rows; the builders check)
+POOL_FUSING_KINDS = ("int8", "im2col", "gemm", "gemm_pitch", "vnni", "winograd", "fma_pitch", "fma_cols")
 
 
 # --------------------------------------------------------------------------- per-op preparation
@@ -193,13 +205,16 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         d["w_bytes"] = 0
         c = eng._sample[node.inputs[0]][0]
         if g == 1 and (sh, sw) == (1, 1):  # as "gemm", at a pixel pitch of Wp
-            pitch = _prep_pitch(eng, node, dict(d))
+            pitch = (_prep_fma(eng, node, dict(d)) if kfma.AVAILABLE else
+                     _prep_pitch(eng, node, dict(d)))
             if (kh, kw) == (3, 3) and tuple(d["geom"][6:]) == (1, 1) and c >= WINOGRAD_MIN_C:
                 wino = _prep_winograd(eng, node, d)
                 wino["pitch_plan"] = pitch  # for batches with few tiles
                 wino["scratch_bytes"] = max(wino["scratch_bytes"], pitch["scratch_bytes"])
                 return wino
             return pitch
+        if g == 1 and kfma.AVAILABLE:
+            return _prep_fma(eng, node, d)
         if g == 1:  # one wide GEMM per chunk: col (K, m*P) and its result (O, m*P)
             d["kind"] = "gemm"
             d["w2"] = w.reshape(o, k)
@@ -229,6 +244,33 @@ def _prep_pitch(eng: Engine, node: Node, d: dict) -> dict:
     d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
     d["scratch_bytes"] = (sum(_aligned(d["chunk"] * e * 4) for e in (
         d["k"] * d["pix"], d["o"] * d["pix"], d["padded"])) + _aligned(d["slack"] * 4))
+    return d
+
+
+def _prep_fma(eng: Engine, node: Node, d: dict) -> dict:
+    """fp32 conv (groups 1) on kernels_fma: a stride-1 conv at the pixel pitch of Wp, reading
+    its padded images in place ("fma_pitch"), or im2col columns ("fma_cols")."""
+    o, k, p = d["o"], d["k"], d["p"]
+    kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
+    d["w2"] = d["w"].reshape(o, k)
+    if (sh, sw) == (1, 1):
+        geo = _pitch_geometry(eng, node, d["geom"])
+        mpi = kfma.tile_cols(geo["pix"])
+        if mpi <= p * (1 + FMA_IM2COL_MACS / o):
+            d.update(geo, kind="fma_pitch", mpi=mpi)
+            c = eng._sample[node.inputs[0]][0]
+            d["offs"] = kfma.pitch_offsets(c, geo["hp"], geo["wp"], kh, kw, dh, dw)
+            # the last tile of the last image reads past its pixels (see kernels_fma.gemm)
+            d["slack"] = (kw - 1) * dw + mpi - geo["pix"] + 16
+            per_image = (d["padded"] + o * mpi) * 4
+            d["chunk"] = max(1, min(eng.max_batch, FMA_SCRATCH_BYTES // per_image))
+            d["scratch_bytes"] = (_aligned((d["chunk"] * d["padded"] + d["slack"]) * 4)
+                                  + _aligned(o * d["chunk"] * mpi * 4))
+            return d
+    d["kind"] = "fma_cols"
+    d["chunk"] = max(1, min(eng.max_batch, FMA_SCRATCH_BYTES // ((k + o) * p * 4)))
+    cols = kfma.tile_cols(d["chunk"] * p)
+    d["scratch_bytes"] = _aligned(k * cols * 4) + _aligned(o * cols * 4)
     return d
 
 
@@ -312,7 +354,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
     pstep = eng._pool_after.get(step)
     pool_ok = d["kind"] != "winograd" or (pstep is not None and tuple(
         _pool_geom(eng.graph.nodes[pstep].attrs)[:4]) == (2, 2, 2, 2))
-    if pstep is not None and pool_ok and (d["kind"] in ("im2col", "gemm", "gemm_pitch", "vnni", "winograd")
+    if pstep is not None and pool_ok and (d["kind"] in POOL_FUSING_KINDS[1:]
                                           or (g == 1 and n * p >= F32_ROUTE_ROWS)):
         pnode = eng.graph.nodes[pstep]
         pool, pool_geom = eng._view(pnode.outputs[0], n), _pool_geom(pnode.attrs)[:4]
@@ -381,6 +423,34 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                       partial(np.matmul, u, v, out=mm),
                       partial(kwg.output_transform, y[start:start + m] if pool is None else
                               pool[start:start + m], mm, tout, th, tw, d["b"], act, alpha, pool is not None)]
+        elif d["kind"] == "fma_pitch":
+            mpi, padded = d["mpi"], d["padded"]
+            xpad = eng._scratch(step, np.float32, (m * padded + d["slack"],))
+            yw = eng._scratch(step, np.float32, (o, m * mpi),
+                              _aligned((d["chunk"] * padded + d["slack"]) * 4))
+            kh, kw, sh, sw, ph, pw, dh, dw = geom
+            calls += [partial(kf.pad_images, xpad, xs, ph, pw, d["hp"], d["wp"], np.float32(0)),
+                      # the junk reads past the last image: zeros, never denormals
+                      partial(xpad[m * padded:].fill, 0),
+                      partial(kfma.gemm, yw, d["w2"], xpad, d["offs"], m, o, mpi, padded, 0, mpi,
+                              m * mpi),
+                      partial(kf.bias_act_pitch, y[start:start + m], yw, d["pitch"], mpi, d["b"], act,
+                              alpha)
+                      if pool is None else
+                      partial(kf.bias_act_pool_pitch, pool[start:start + m], yw, d["pitch"], mpi,
+                              *pool_geom, d["b"], act, alpha)]
+        elif d["kind"] == "fma_cols":
+            cols = kfma.tile_cols(m * p)
+            col = eng._scratch(step, np.float32, (k, cols))
+            yw = eng._scratch(step, np.float32, (o, cols), _aligned(k * kfma.tile_cols(d["chunk"] * p) * 4))
+            if cols > m * p:
+                calls.append(partial(col[:, m * p:].fill, 0))
+            calls += [partial(kf.im2col, col, xs, *geom, np.float32(0), 0, p),
+                      partial(kfma.gemm, yw, d["w2"], col, kfma.row_offsets(k, cols), 1, o, cols, 0,
+                              0, 0, cols),
+                      partial(kf.bias_act, ys, yw, 0, p, d["b"], act, alpha) if pool is None else
+                      partial(kf.bias_act_pool, pool[start:start + m], yw, 0, p, x_w, *pool_geom,
+                              d["b"], act, alpha)]
         elif d["kind"] == "gemm_pitch":
             pix = d["pix"]
             col = eng._scratch(step, np.float32, (k, m * pix))
@@ -394,9 +464,10 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                       partial(kf.im2col_pitch, col, xpad, m, xs.shape[1], d["hp"], d["wp"], kh, kw, dh,
                               dw, ho),
                       partial(np.matmul, d["w2"], col, out=yw),
-                      partial(kf.bias_act_pitch, y[start:start + m], yw, d["pitch"], d["b"], act, alpha)
+                      partial(kf.bias_act_pitch, y[start:start + m], yw, d["pitch"], d["pix"], d["b"], act,
+                              alpha)
                       if pool is None else
-                      partial(kf.bias_act_pool_pitch, pool[start:start + m], yw, ho, d["pitch"],
+                      partial(kf.bias_act_pool_pitch, pool[start:start + m], yw, d["pitch"], d["pix"],
                               *pool_geom, d["b"], act, alpha)]
         elif d["kind"] == "gemm":
             col = eng._scratch(step, np.float32, (k, m * p))

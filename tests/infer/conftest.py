@@ -17,3 +17,15 @@ def int8_route(request, monkeypatch):
         pytest.skip("this CPU has no AVX-512 VNNI")
     monkeypatch.setattr(kernels_vnni, "AVAILABLE", request.param == "vnni")
     return request.param
+
+
+@pytest.fixture(params=["fma", "blas"])
+def fp32_route(request, monkeypatch):
+    """Run an fp32 conv test through both GEMM routes: our AVX-512 FMA kernels (skipped on a
+    CPU without them) and NumPy's BLAS, which every other CPU uses."""
+    from pocket.infer import kernels_fma
+
+    if request.param == "fma" and not kernels_fma.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512")
+    monkeypatch.setattr(kernels_fma, "AVAILABLE", request.param == "fma")
+    return request.param

@@ -61,7 +61,7 @@ def _conv_params(c, o, kh, kw, g, bias=True):
 
 @pytest.mark.parametrize("name", CONV_CASES)
 @pytest.mark.parametrize("n", [1, 7])
-def test_conv2d_fp32(name, n):
+def test_conv2d_fp32(name, n, fp32_route):
     c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
     params = _conv_params(c, o, kh, kw, g, bias=n == 7)
     x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
@@ -72,7 +72,7 @@ def test_conv2d_fp32(name, n):
 
 
 @pytest.mark.parametrize("act", ACTS)
-def test_conv2d_fp32_activations(act):
+def test_conv2d_fp32_activations(act, fp32_route):
     params = _conv_params(3, 4, 3, 3, 1)
     x = RNG.standard_normal((2, 3, 5, 6)).astype(np.float32)
     node = Node("conv", "conv2d", ["x", "w", "b"], ["y"],
@@ -221,7 +221,7 @@ FUSED_POOLS = [([2, 2], None), ([3, 3], [2, 2]), ([3, 2], [2, 1]), ([1, 1], [2, 
 @pytest.mark.parametrize("k,s", FUSED_POOLS)
 @pytest.mark.parametrize("n", [1, 7])
 @pytest.mark.parametrize("act", ["relu", "none", "leaky_relu", "gelu"])
-def test_conv_maxpool_fused_fp32(k, s, n, act):
+def test_conv_maxpool_fused_fp32(k, s, n, act, fp32_route):
     params = _conv_params(3, 5, 3, 2, 1)
     x = RNG.standard_normal((n, 3, 9, 8)).astype(np.float32)
     nodes = [Node("conv", "conv2d", ["x", "w", "b"], ["c"],
@@ -330,12 +330,13 @@ def test_requant_sum_pool_one_chunk_matches_split(k, s):
 
 
 @pytest.mark.parametrize("int8", [False, True])
-def test_fused_pool_with_batch_chunks(int8, monkeypatch, int8_route):
+def test_fused_pool_with_batch_chunks(int8, monkeypatch, int8_route, fp32_route):
     """A fused conv writes the pool's output while later chunks still read the conv's input:
     the arena must keep them apart (a tiny scratch budget forces one image per chunk)."""
     from pocket.infer import lowering
 
     monkeypatch.setattr(lowering, "SCRATCH_BYTES", 256)
+    monkeypatch.setattr(lowering, "FMA_SCRATCH_BYTES", 256)
     pool = {"kernel": [2, 2], "padding": [0, 0]}
     x = RNG.standard_normal((7, 3, 12, 10)).astype(np.float32)
     if int8:
@@ -412,7 +413,7 @@ def test_serial_and_parallel_plans_agree(work, n, int8, monkeypatch, int8_route)
                                     ((5, 7), [2, 1])])
 @pytest.mark.parametrize("n", [1, 7])
 @pytest.mark.parametrize("act", ["relu", "none", "gelu"])
-def test_conv2d_winograd(hw, pad, n, act, monkeypatch):
+def test_conv2d_winograd(hw, pad, n, act, monkeypatch, fp32_route):
     """Even and odd output sizes (partial last tiles), paddings 0-2, batch chunks of one image."""
     from pocket.infer import lowering
 
@@ -432,7 +433,7 @@ def test_conv2d_winograd(hw, pad, n, act, monkeypatch):
 
 @pytest.mark.parametrize("k,s", [([2, 2], None), ([3, 3], [2, 2])])
 @pytest.mark.parametrize("hw", [(8, 8), (7, 9)])
-def test_conv_maxpool_winograd(k, s, hw, monkeypatch):
+def test_conv_maxpool_winograd(k, s, hw, monkeypatch, fp32_route):
     """A 2x2/2 pool fuses into the output transform (the max of each tile); other pools run
     after an unfused Winograd conv."""
     from pocket.infer import lowering
@@ -447,13 +448,14 @@ def test_conv_maxpool_winograd(k, s, hw, monkeypatch):
     assert_close(got, want, scale=20)
 
 
-def test_winograd_only_where_it_applies(monkeypatch):
+def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     """Winograd takes 3x3, stride 1, dilation 1, groups 1 and enough channels; nothing else."""
     from pocket.infer import lowering
 
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
-    for name, want in (("3x3-pad", "winograd"), ("dilation", "gemm"), ("1x1", "pointwise"),
-                       ("5x5-stride2", "gemm"), ("groups2", "im2col")):
+    gemm = {"fma": "fma_cols", "blas": "gemm"}[fp32_route]
+    for name, want in (("3x3-pad", "winograd"), ("dilation", gemm), ("1x1", "pointwise"),
+                       ("5x5-stride2", gemm), ("groups2", "im2col")):
         c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
         x = RNG.standard_normal((2, max(c, 4) if name == "3x3-pad" else c, h, w)).astype(np.float32)
         params = _conv_params(x.shape[1], o, kh, kw, g)

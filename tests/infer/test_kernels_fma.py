@@ -1,0 +1,92 @@
+"""The AVX-512 float32 GEMM kernel against naive NumPy in float64.
+
+The end-to-end fp32 conv cases in test_kernels.py also run through it (the fp32_route
+fixture); here the kernel is checked alone, on the shapes where tiles and tails go wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pocket.infer import kernels_fma as kfma
+
+needs_fma = pytest.mark.skipif(not kfma.AVAILABLE, reason="this CPU has no AVX-512")
+RNG = np.random.default_rng(12)
+
+
+@pytest.mark.parametrize("env", [{"POCKET_FP32_FMA": "0"}, {"NUMBA_CPU_NAME": "generic"},
+                                 {"NUMBA_DISABLE_JIT": "1"}])
+def test_detection_opts_out(env):
+    """The switch, a portable Numba target and a disabled JIT all keep NumPy's BLAS."""
+    code = "from pocket.infer import kernels_fma as k; assert not k.AVAILABLE"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, **env})
+
+
+def _naive(w, rows):
+    """sum over k of w[:, k] * rows[k] in float64."""
+    return np.einsum("ok,km->om", w.astype(np.float64), rows.astype(np.float64))
+
+
+@needs_fma
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("nb,o,k,m", [(1, 1, 1, 32), (1, 7, 5, 64), (1, 8, 9, 32), (3, 9, 13, 96),
+                                      (2, 17, 300, 32), (16, 24, 64, 160), (1, 64, 1, 32)])
+def test_gemm_explicit_rows(nb, o, k, m, serial):
+    """nb GEMMs on explicit (K, M) columns, the weights nb blocks apart; every channel tail
+    (o % 8) and a long K; the parallel and serial twins alike."""
+    x = RNG.standard_normal((nb, k, m)).astype(np.float32)
+    w = RNG.standard_normal((nb, o, k)).astype(np.float32)
+    c = np.full((nb, o, m), np.nan, np.float32)
+    fn = kfma.gemm.serial if serial else kfma.gemm
+    fn(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, o * k, o * m, m)
+    for b in range(nb):
+        want = _naive(w[b], x[b])
+        np.testing.assert_allclose(c[b], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+@needs_fma
+def test_gemm_shared_weights_and_wide_rows():
+    """ws = 0 (one weight matrix for every item) and C's rows wider than m (ldc): the columns
+    past each item's m are left alone."""
+    nb, o, k, m, ldc = 3, 5, 11, 32, 100
+    x = RNG.standard_normal((nb, k, m)).astype(np.float32)
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    c = np.full((o, ldc), 7.0, np.float32)
+    kfma.gemm(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, 0, m, ldc)
+    for b in range(nb):
+        np.testing.assert_allclose(c[:, b * m:(b + 1) * m], _naive(w, x[b]), rtol=1e-5, atol=1e-5)
+    assert np.all(c[:, nb * m:] == 7.0)
+
+
+@needs_fma
+@pytest.mark.parametrize("c_in,h,w,kh,kw,dh,dw", [(3, 5, 7, 3, 3, 1, 1), (2, 9, 4, 2, 3, 2, 1),
+                                                 (5, 6, 6, 1, 1, 1, 1)])
+def test_gemm_pitch_offsets_are_a_convolution(c_in, h, w, kh, kw, dh, dw):
+    """With pitch_offsets the GEMM reads the padded images in place: output (oh, ow) at column
+    oh*Wp + ow is the stride-1 convolution, checked against a naive loop in float64."""
+    n, o, ph, pw = 2, 9, 1, 2
+    hp, wp = h + 2 * ph, w + 2 * pw
+    ho, wo = hp - dh * (kh - 1), wp - dw * (kw - 1)
+    x = RNG.standard_normal((n, c_in, h, w)).astype(np.float32)
+    wt = RNG.standard_normal((o, c_in, kh, kw)).astype(np.float32)
+    mpi = kfma.tile_cols(ho * wp)
+    img = c_in * hp * wp
+    xpad = np.zeros(n * img + mpi + (kw - 1) * dw + 16, np.float32)
+    xpad[:n * img].reshape(n, c_in, hp, wp)[:, :, ph:ph + h, pw:pw + w] = x
+    c = np.zeros((o, n * mpi), np.float32)
+    offs = kfma.pitch_offsets(c_in, hp, wp, kh, kw, dh, dw)
+    kfma.gemm(c, wt.reshape(o, -1), xpad, offs, n, o, mpi, img, 0, mpi, n * mpi)
+    xp = xpad[:n * img].reshape(n, c_in, hp, wp).astype(np.float64)
+    for b in range(n):
+        want = np.zeros((o, ho, wo))
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[b, :, i * dh:i * dh + ho, j * dw:j * dw + wo]
+                want += np.einsum("oc,chw->ohw", wt[:, :, i, j].astype(np.float64), patch)
+        got = c[:, b * mpi:b * mpi + ho * wp].reshape(o, ho, wp)[:, :, :wo]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(c_in * kh * kw))
