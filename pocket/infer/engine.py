@@ -466,16 +466,18 @@ def _spin_if_no_blas(graph: Graph) -> None:
 
     NOTE: pocket.infer makes OpenMP wait passively (see __init__): spinning threads of Numba's
     pool starve OpenBLAS's between the im2col and GEMM of every fp32 conv. A plan of Numba
-    kernels only (int8 on AVX-512 VNNI) has no such neighbour, and there waking sleeping
+    kernels only (int8 on AVX-512 VNNI, fp32 on AVX-512) has no such neighbour, and there waking sleeping
     threads for each of a batch-1 plan's small kernels made 2 threads slower than 1
     (cnn_cifar int8: 1.45 ms vs 1.28; spinning: 0.94 ms). libgomp reads GOMP_SPINCOUNT when
     Numba first starts its pool, so this only acts before the process's first parallel
     kernel, and never against the user's own setting.
     """
+    from pocket.infer import kernels_fma as kfma
     from pocket.infer import kernels_vnni as kv
 
-    blas = any(n.op in ("conv2d", "linear") and ("x_scale" not in n.attrs or not kv.AVAILABLE)
-               for n in graph.nodes)
+    # NOTE: with kernels_fma, BLAS serves only linears of few rows, on the calling thread
+    blas = any(n.op in ("conv2d", "linear") and not (kv.AVAILABLE if "x_scale" in n.attrs else
+                                                     kfma.AVAILABLE) for n in graph.nodes)
     if not blas and "GOMP_SPINCOUNT" not in os.environ and os.environ.get(
             "OMP_WAIT_POLICY", "PASSIVE").upper() == "PASSIVE":
         os.environ["GOMP_SPINCOUNT"] = "10000"

@@ -24,10 +24,40 @@ from numba import njit, prange
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import activate
 
-# u[4i + k, o, c] = sum over (a, b) of G[i, a] G[k, b] w[o, c, a, b]: the filter transform is
-# one float32 GEMM, FILTER (16, 9) @ w.reshape(O*C, 9).T -> u (16, O*C), made by the engine
+# u[4i + k, o, c] = sum over (a, b) of G[i, a] G[k, b] w[o, c, a, b]: FILTER (16, 9) @
+# w.reshape(O*C, 9).T -> u (16, O*C); `filter_transform` computes the same without BLAS
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 FILTER = np.kron(_G, _G).astype(np.float32)
+
+
+@kernel
+def filter_transform(u, w9):
+    """w9 (O*C, 9), each row a 3x3 filter g -> u (16, O*C) = G g G^T, row-major by element
+    (= FILTER @ w9.T up to float32 rounding).
+
+    NOTE: no BLAS call in a plan of Numba kernels: OpenBLAS's threads spin for a while after
+    each call and took the second core from Numba's pool (cnn_cifar, 2 threads)."""
+    n = w9.shape[0]
+    h = np.float32(0.5)
+    for r in prange(n):
+        g0, g1, g2, g3, g4, g5, g6, g7, g8 = (w9[r, 0], w9[r, 1], w9[r, 2], w9[r, 3], w9[r, 4],
+                                              w9[r, 5], w9[r, 6], w9[r, 7], w9[r, 8])
+        # t = G g (4 x 3), by columns
+        t10, t11, t12 = h * (g0 + g3 + g6), h * (g1 + g4 + g7), h * (g2 + g5 + g8)
+        t20, t21, t22 = h * (g0 - g3 + g6), h * (g1 - g4 + g7), h * (g2 - g5 + g8)
+        for i in range(4):
+            if i == 0:
+                a, b, c = g0, g1, g2
+            elif i == 1:
+                a, b, c = t10, t11, t12
+            elif i == 2:
+                a, b, c = t20, t21, t22
+            else:
+                a, b, c = g6, g7, g8
+            u[4 * i, r] = a
+            u[4 * i + 1, r] = h * (a + b + c)
+            u[4 * i + 2, r] = h * (a - b + c)
+            u[4 * i + 3, r] = c
 
 
 @kernel

@@ -50,6 +50,16 @@ FMA_SCRATCH_BYTES = 2 << 20
 # copy costs about as much as this many multiply-adds per column element (measured: ~0.2 ns
 # against ~0.012 ns a multiply-add), shared by the output channels.
 FMA_IM2COL_MACS = 17
+# ... and an fp32 linear with at least this many rows runs on its GEMM too (the rows as its
+# pixels); fewer rows keep NumPy's BLAS on the calling thread (one tile would be mostly junk).
+FMA_LINEAR_ROWS = 16
+# its result's rows are this many floats longer than the tiles: at 64 columns (256 bytes)
+# apart, the transposing epilogue's 256 reads per row fell in a few L1 sets (6x slower)
+_LINEAR_SKEW = 16
+# Winograd's U (16, O*C) has rows this many floats longer: at O*C a multiple of 1024 its 16
+# rows fall in one L1 set, and the filter transform, which writes all 16 per filter, ran 10x
+# slower
+_U_SKEW = 16
 # With AVX-512 VNNI (kernels_vnni), a linear with at least this many rows packs them for the
 # channel x pixel tiles; fewer rows take the dot-product kernel along K.
 VNNI_TILE_ROWS = 16
@@ -134,7 +144,12 @@ def _prep_linear(eng: Engine, node: Node) -> dict:
         return {"w": w, "kc": kc, "sizes": sizes, "scratch_bytes": scratch,
                 **_int8_consts(eng, node, w)}
     b = eng._params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
-    return {"wT": w.T, "b": b}
+    d = {"wf": w, "wT": w.T, "b": b}
+    if kfma.AVAILABLE and eng.max_batch >= FMA_LINEAR_ROWS:
+        o, k = w.shape
+        cols = kfma.tile_cols(eng.max_batch)
+        d["scratch_bytes"] = _aligned(k * cols * 4) + _aligned(o * (cols + _LINEAR_SKEW) * 4)
+    return d
 
 
 def _conv_geometry(eng: Engine, node: Node) -> dict:
@@ -198,7 +213,7 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         if g > 1 and w.shape[1] == 1:
             d["kind"] = "direct"
             return d
-        if g == 1 and kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
+        if g == 1 and kh == kw == 1 and sh == sw == 1 and ph == pw == 0 and not kfma.AVAILABLE:
             d["kind"] = "pointwise"
             d["w2"] = w.reshape(o, k)
             return d
@@ -231,10 +246,17 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
 
 def _winograd_sizes(d: dict, m: int) -> list[int]:
     """Scratch of a Winograd conv for m images, in order: U, padded images, row scratch, V, M,
-    output row scratch (float32 elements)."""
-    c, o, t = d["c"], d["o"], d["th"] * d["tw"]
-    return [16 * o * c, m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"], 16 * c * m * t,
-            16 * o * m * t, m * o * 8 * d["tw"]]
+    output row scratch (float32 elements). V and M have _winograd_cols columns."""
+    c, o = d["c"], d["o"]
+    cols = _winograd_cols(d, m)
+    return [16 * (o * c + _U_SKEW), m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"], 16 * c * cols,
+            16 * o * cols, m * o * 8 * d["tw"]]
+
+
+def _winograd_cols(d: dict, m: int) -> int:
+    """Columns of V and M for m images: their tiles, rounded up for kernels_fma's GEMM."""
+    t = m * d["th"] * d["tw"]
+    return kfma.tile_cols(t) if d["fma"] else t
 
 
 def _prep_pitch(eng: Engine, node: Node, d: dict) -> dict:
@@ -278,10 +300,14 @@ def _prep_winograd(eng: Engine, node: Node, d: dict) -> dict:
     c, h, w = eng._sample[node.inputs[0]]
     ph, pw = d["geom"][4:6]
     ho, wo = h + 2 * ph - 2, w + 2 * pw - 2
-    d.update(kind="winograd", c=c, th=-(-ho // 2), tw=-(-wo // 2), w9=d["w"].reshape(-1, 9))
+    d.update(kind="winograd", c=c, th=-(-ho // 2), tw=-(-wo // 2), w9=d["w"].reshape(-1, 9),
+             fma=kfma.AVAILABLE)
     d["hp"], d["wp"] = 2 * d["th"] + 2, 2 * d["tw"] + 2
-    per_image = sum(_winograd_sizes(d, 1)[1:]) * 4
-    d["chunk"] = max(1, min(eng.max_batch, (SCRATCH_BYTES - 64 * d["o"] * c) // per_image))
+    # NOTE: U (16 x O x C) is not part of the budget: a GEMM reads all of U once per chunk
+    # (from memory once it outgrows L2), so on small maps only big chunks amortize it
+    per_image = (sum(_winograd_sizes(d, 1)[1:]) - 16 * (c + d["o"]) * (
+        _winograd_cols(d, 1) - d["th"] * d["tw"])) * 4
+    d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
     d["scratch_bytes"] = sum(_aligned(e * 4) for e in _winograd_sizes(d, d["chunk"]))
     return d
 
@@ -313,6 +339,16 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
             k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
             calls.append(partial(np.matmul, xf[:, k0:k1], wf[:, k0:k1].T, out=yf[c]))
         return [*calls, partial(ki.requant_rows, y.reshape(n, o), yf, *epi)]
+    if "scratch_bytes" in d and n >= FMA_LINEAR_ROWS:
+        w = d["wf"]
+        o, k = w.shape
+        cols = kfma.tile_cols(n)
+        xt = eng._scratch(step, np.float32, (k, cols))
+        ldc = cols + _LINEAR_SKEW
+        c = eng._scratch(step, np.float32, (o, ldc), _aligned(k * kfma.tile_cols(eng.max_batch) * 4))
+        return [partial(kfma.transpose_in, xt, x.reshape(n, k)),
+                partial(kfma.gemm, c, w, xt, kfma.row_offsets(k, cols), 1, o, cols, 0, 0, 0, ldc),
+                partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), a["alpha"])]
     return [partial(np.matmul, x, d["wT"], out=y),
             partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), a["alpha"])]
 
@@ -407,22 +443,30 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                       partial(ki.gemm_q, ys, col, d["w2"], d["bias_adj"], d["m"], g, d["to_int8"], d["y_zp"],
                               d["lo"], d["relu"])]
         elif d["kind"] == "winograd":
-            c, th, tw, t = d["c"], d["th"], d["tw"], d["th"] * d["tw"]
-            shapes = [(16, o, c), (m, c, d["hp"], d["wp"]), (m * c, 4, d["wp"]), (16, c, m * t),
-                      (16, o, m * t), (m * o, 8, tw)]
+            c, th, tw = d["c"], d["th"], d["tw"]
+            cols = _winograd_cols(d, m)
+            shapes = [(16, o * c + _U_SKEW), (m, c, d["hp"], d["wp"]), (m * c, 4, d["wp"]), (16, c, cols),
+                      (16, o, cols), (m * o, 8, tw)]
             at, views = 0, []
             for shape, full in zip(shapes, _winograd_sizes(d, d["chunk"])):
                 views.append(eng._scratch(step, np.float32, shape, at))
                 at += _aligned(full * 4)
             u, xpad, tin, v, mm, tout = views
             if start == 0:  # G w G^T for this call (the weights themselves stay in the mmap)
-                calls.append(partial(np.matmul, kwg.FILTER, d["w9"].T, out=u.reshape(16, o * c)))
+                calls.append(partial(kwg.filter_transform, u[:, :o * c], d["w9"]))
             calls += [partial(kf.pad_images, xpad.reshape(-1), xs, *geom[4:6], d["hp"], d["wp"],
                               np.float32(0)),
-                      partial(kwg.input_transform, v, xpad, tin, th, tw),
-                      partial(np.matmul, u, v, out=mm),
-                      partial(kwg.output_transform, y[start:start + m] if pool is None else
-                              pool[start:start + m], mm, tout, th, tw, d["b"], act, alpha, pool is not None)]
+                      partial(kwg.input_transform, v, xpad, tin, th, tw)]
+            if d["fma"]:
+                if cols > m * th * tw:  # the GEMM's last tile: zeros, never denormals
+                    calls.append(partial(v[:, :, m * th * tw:].fill, 0))
+                calls.append(partial(kfma.gemm, mm, u, v, kfma.row_offsets(c, cols), 16, o, cols,
+                                     c * cols, o * c + _U_SKEW, o * cols, cols))
+            else:
+                calls.append(partial(np.matmul, u[:, :o * c].reshape(16, o, c), v, out=mm))
+            calls.append(partial(kwg.output_transform, y[start:start + m] if pool is None else
+                                 pool[start:start + m], mm, tout, th, tw, d["b"], act, alpha,
+                                 pool is not None))
         elif d["kind"] == "fma_pitch":
             mpi, padded = d["mpi"], d["padded"]
             xpad = eng._scratch(step, np.float32, (m * padded + d["slack"],))

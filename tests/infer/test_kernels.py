@@ -24,11 +24,11 @@ def _info(a):
     return ValueInfo({np.float32: "f32", np.int8: "i8", np.int32: "i32"}[a.dtype.type], a.shape)
 
 
-def run_both(x, nodes, params, quant=None, outputs=None):
+def run_both(x, nodes, params, quant=None, outputs=None, max_batch=8):
     g = Graph({"x": ValueInfo("f32" if x.dtype == np.float32 else "i8", ("N", *x.shape[1:]))},
               outputs or [nodes[-1].outputs[0]], nodes, {k: _info(v) for k, v in params.items()})
     want = ref.run(g, params, x, quant)[g.outputs[0]]
-    with Engine(FakeContainer(g, params, quant), max_batch=8) as eng:
+    with Engine(FakeContainer(g, params, quant), max_batch=max_batch) as eng:
         got = eng.run(x, copy=True)
     assert got.dtype == want.dtype and got.shape == want.shape
     return got, want
@@ -82,17 +82,18 @@ def test_conv2d_fp32_activations(act, fp32_route):
 
 
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("n", [1, 7])
+@pytest.mark.parametrize("n", [1, 7, 17, 40])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_fp32(act, n, bias):
-    """kernels_fp32.bias_act_rows: the linear epilogue, with and without a bias."""
-    params = {"w": RNG.standard_normal((5, 13)).astype(np.float32)}
+def test_linear_fp32(act, n, bias, fp32_route):
+    """The linear routes: BLAS + bias_act_rows, and from FMA_LINEAR_ROWS rows on (with AVX-512)
+    kernels_fma's transposed GEMM (17: one partial tile; 40: a full one and a partial one)."""
+    params = {"w": RNG.standard_normal((37, 300)).astype(np.float32)}
     if bias:
-        params["b"] = RNG.standard_normal(5).astype(np.float32)
-    x = RNG.standard_normal((n, 13)).astype(np.float32)
+        params["b"] = RNG.standard_normal(37).astype(np.float32)
+    x = RNG.standard_normal((n, 300)).astype(np.float32)
     node = Node("fc", "linear", ["x", *params], ["y"], {"activation": act, "alpha": 0.05})
-    got, want = run_both(x, [node], params)
-    assert_close(got, want, scale=13)
+    got, want = run_both(x, [node], params, max_batch=64)
+    assert_close(got, want, scale=300)
 
 
 @pytest.mark.parametrize("op,attrs", [("relu", {}), ("leaky_relu", {"alpha": 0.2}), ("sigmoid", {}),
@@ -454,7 +455,8 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
 
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
     gemm = {"fma": "fma_cols", "blas": "gemm"}[fp32_route]
-    for name, want in (("3x3-pad", "winograd"), ("dilation", gemm), ("1x1", "pointwise"),
+    pointwise = {"fma": "fma_pitch", "blas": "pointwise"}[fp32_route]
+    for name, want in (("3x3-pad", "winograd"), ("dilation", gemm), ("1x1", pointwise),
                        ("5x5-stride2", gemm), ("groups2", "im2col")):
         c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
         x = RNG.standard_normal((2, max(c, 4) if name == "3x3-pad" else c, h, w)).astype(np.float32)
@@ -487,3 +489,14 @@ def test_winograd_falls_back_on_few_tiles(monkeypatch):
     assert not any("transform" in f for f in kinds[1]) and any("input_transform" in f for f in kinds[2])
     assert_close(one[0], two[0], scale=10)
     assert_close(two, ref.run(graph, params, x)["y"], scale=10)
+
+
+def test_winograd_filter_transform():
+    """filter_transform equals FILTER (the Kronecker product G x G) applied in float64."""
+    from pocket.infer import kernels_winograd as kwg
+
+    w9 = RNG.standard_normal((37, 9)).astype(np.float32)
+    u = np.zeros((16, 37), np.float32)
+    kwg.filter_transform(u, w9)
+    want = kwg.FILTER.astype(np.float64) @ w9.T.astype(np.float64)
+    np.testing.assert_allclose(u, want, rtol=1e-6, atol=1e-6)
