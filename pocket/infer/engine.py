@@ -462,13 +462,15 @@ class Engine:
 
 
 def _spin_if_no_blas(graph: Graph) -> None:
-    """Let OpenMP threads spin ~10 µs between kernels when no BLAS call will run beside them.
+    """Let OpenMP threads spin ~0.1-1 ms between kernels when no BLAS call will run beside them.
 
     NOTE: pocket.infer makes OpenMP wait passively (see __init__): spinning threads of Numba's
     pool starve OpenBLAS's between the im2col and GEMM of every fp32 conv. A plan of Numba
-    kernels only (int8 on AVX-512 VNNI, fp32 on AVX-512) has no such neighbour, and there waking sleeping
-    threads for each of a batch-1 plan's small kernels made 2 threads slower than 1
-    (cnn_cifar int8: 1.45 ms vs 1.28; spinning: 0.94 ms). libgomp reads GOMP_SPINCOUNT when
+    kernels only (int8 on AVX-512 VNNI, fp32 on AVX-512) has no such neighbour, and there
+    waking sleeping threads for each of a batch-1 plan's small kernels made 2 threads slower than 1
+    (cnn_cifar int8: 1.45 ms vs 1.28; spinning: 0.94 ms). On a VM a parked vCPU took ~40 µs to
+    wake: 10000 spins (~0.1 ms) still let it park between a batch-1 plan's parallel GEMMs
+    (100000: 3.5 µs a wake-up, measured). libgomp reads GOMP_SPINCOUNT when
     Numba first starts its pool, so this only acts before the process's first parallel
     kernel, and never against the user's own setting.
     """
@@ -480,7 +482,7 @@ def _spin_if_no_blas(graph: Graph) -> None:
                                                      kfma.AVAILABLE) for n in graph.nodes)
     if not blas and "GOMP_SPINCOUNT" not in os.environ and os.environ.get(
             "OMP_WAIT_POLICY", "PASSIVE").upper() == "PASSIVE":
-        os.environ["GOMP_SPINCOUNT"] = "10000"
+        os.environ["GOMP_SPINCOUNT"] = "100000"
 
 
 def _check_threads(threads: int | None) -> int | None:
@@ -519,8 +521,11 @@ def _call_work(call: partial) -> int:
     # NOTE: a VNNI multiply-add costs about a quarter of a float32 one
     if call.func is kv.gemm_cols:
         return call.args[0].size * call.args[2].shape[0]
+    # NOTE: counted 4x: its items split evenly and it runs in plans without BLAS, where the
+    # pool spins between kernels; from ~1M multiply-adds (~12 µs) two threads win (measured,
+    # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
     if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
-        return call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
+        return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
     if call.func is kv.gemm_rows:
         return call.args[0].size * call.args[2].shape[1] // 4
     return 16 * max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)
