@@ -343,7 +343,7 @@ class Engine:
                     twin = getattr(call.func, "serial", None)
                     if twin is not None:
                         call = partial(twin, *call.args, **call.keywords) if small else call
-                    elif self._blas and small != in_serial:
+                    elif self._blas and call.func is np.matmul and small != in_serial:
                         bound.calls.append(partial(self._serial, small))
                         bound.serial_steps, in_serial = True, small
                     bound.calls.append(call)
@@ -477,7 +477,6 @@ def _spin_if_no_blas(graph: Graph) -> None:
     from pocket.infer import kernels_fma as kfma
     from pocket.infer import kernels_vnni as kv
 
-    # NOTE: with kernels_fma, BLAS serves only linears of few rows, on the calling thread
     blas = any(n.op in ("conv2d", "linear") and not (kv.AVAILABLE if "x_scale" in n.attrs else
                                                      kfma.AVAILABLE) for n in graph.nodes)
     if not blas and "GOMP_SPINCOUNT" not in os.environ and os.environ.get(
@@ -526,6 +525,8 @@ def _call_work(call: partial) -> int:
     # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
     if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
+    if call.func is kfma.gemv:  # memory-bound: two cores read the weights twice as fast
+        return 16 * call.args[0].size * call.args[1].shape[1]
     if call.func is kv.gemm_rows:
         return call.args[0].size * call.args[2].shape[1] // 4
     return 16 * max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)

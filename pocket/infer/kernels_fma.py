@@ -10,7 +10,11 @@ is what lets one kernel serve three layouts:
 - a stride-1 conv at a pixel pitch of Wp (see kernels_fp32.im2col_pitch): row k = (c, i, j)
   of image b's columns is the padded image itself, shifted by (c*Hp + i*dh)*Wp + j*dw; so
   offs[k] is that shift and the GEMM reads the padded images in place (`conv_pitch`);
-- explicit columns (K, M) (im2col, Winograd's V[e]): offs[k] = k * M * 4.
+- explicit columns (K, M) (im2col, Winograd's V[e], a linear's transposed rows):
+  offs[k] = k * M * 4.
+
+A linear with few rows (batch 1) takes `gemv` instead: dot products along K, 8 weight rows
+at a time, with a masked load for the last partial chunk.
 
 Exactness: like BLAS, the sums differ from formats/reference.py by float32 rounding only;
 each output is one FMA chain along K in the weights' order.
@@ -57,7 +61,7 @@ def _detect() -> bool:
 AVAILABLE = _detect()
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-_VF = ir.VectorType(_F32, 16)
+_VF, _VI = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
 
 
 def _make_tile(rows: int):
@@ -82,7 +86,7 @@ def _make_tile(rows: int):
             init = [builder.select(start, builder.load(_ptr(builder, a, _VF), align=4),
                                    ir.Constant(_VF, None)) for row in c_at for a in row]
             w_at = [builder.add(w, builder.mul(_const(r), ldw)) for r in range(rows)]
-            splat = ir.Constant(ir.VectorType(_I32, 16), None)
+            splat = ir.Constant(_VI, None)
 
             def step(i, accs):
                 off = builder.load(_ptr(builder, builder.add(offs, builder.mul(i, _const(8))), _I64),
@@ -130,6 +134,97 @@ def _tile_rows(rows, w, ldw, x, offs, nk, c, ldc, acc):
         _t2(w, ldw, x, offs, nk, c, ldc, acc)
     else:
         _t1(w, ldw, x, offs, nk, c, ldc, acc)
+
+
+def _make_dot(rows: int):
+    """c[r] = sum over j < k of x[j] * w[r, j] for r < rows (float32, 4 bytes apart).
+
+    x and the rows of w (ldw bytes apart) are read in chunks of 16 floats; the last partial
+    chunk is a masked load and reads as zeros, never past the end. Each row's 16 lanes are
+    summed at the end, so the order of the sum differs from a plain loop by rounding only.
+    """
+
+    @intrinsic
+    def dot(typingctx, x, w, ldw, c, k):
+        sig = types.void(*[types.intp] * 5)
+
+        def codegen(context, builder, signature, args):
+            x, w, ldw, c, k = args
+            mod = builder.module
+            fma = cgutils.get_or_insert_function(mod, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+            w_at = [builder.add(w, builder.mul(_const(r), ldw)) for r in range(rows)]
+            full = builder.sdiv(k, _const(16))
+
+            def step(i, accs):
+                off = builder.mul(i, _const(64))
+                xv = builder.load(_ptr(builder, builder.add(x, off), _VF), align=4)
+                return [builder.call(fma, [xv, builder.load(_ptr(builder, builder.add(wr, off), _VF),
+                                                           align=4), a]) for a, wr in zip(accs, w_at)]
+
+            accs = _loop(builder, full, [ir.Constant(_VF, None)] * rows, step)
+            # the tail: rem (0..15) floats, the other lanes masked to zero
+            rem = builder.trunc(builder.srem(k, _const(16)), _I32)
+            splat = builder.shuffle_vector(
+                builder.insert_element(ir.Constant(_VI, ir.Undefined), rem, ir.Constant(_I32, 0)),
+                ir.Constant(_VI, ir.Undefined), ir.Constant(_VI, None))
+            mask = builder.icmp_signed("<", ir.Constant(_VI, list(range(16))), splat)
+            mload = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(_VF, [ir.PointerType(), _I32, mask.type, _VF]),
+                "llvm.masked.load.v16f32.p0")
+            red = cgutils.get_or_insert_function(mod, ir.FunctionType(_F32, [_F32, _VF]),
+                                                 "llvm.vector.reduce.fadd.v16f32")
+            off = builder.mul(full, _const(64))
+
+            def masked(addr):
+                return builder.call(mload, [builder.inttoptr(builder.add(addr, off), ir.PointerType()),
+                                            ir.Constant(_I32, 4), mask, ir.Constant(_VF, None)])
+
+            xv = masked(x)
+            for r, (a, wr) in enumerate(zip(accs, w_at)):
+                a = builder.call(fma, [xv, masked(wr), a])
+                total = builder.call(red, [ir.Constant(_F32, 0.0), a], fastmath=("reassoc",))
+                builder.store(total, _ptr(builder, builder.add(c, _const(4 * r)), _F32), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot
+
+
+_d1, _d2, _d3, _d4, _d5, _d6, _d7, _d8 = (_make_dot(r) for r in range(1, 9))
+
+
+@njit(cache=True, inline="always")
+def _dot_rows(rows, x, w, ldw, c, k):
+    if rows == 8:
+        _d8(x, w, ldw, c, k)
+    elif rows == 7:
+        _d7(x, w, ldw, c, k)
+    elif rows == 6:
+        _d6(x, w, ldw, c, k)
+    elif rows == 5:
+        _d5(x, w, ldw, c, k)
+    elif rows == 4:
+        _d4(x, w, ldw, c, k)
+    elif rows == 3:
+        _d3(x, w, ldw, c, k)
+    elif rows == 2:
+        _d2(x, w, ldw, c, k)
+    else:
+        _d1(x, w, ldw, c, k)
+
+
+@kernel
+def gemv(y, x, w):
+    """x (N, K), w (O, K) -> y (N, O) = x @ w.T, for few rows (a linear at batch 1): dot
+    products along K, 8 weight rows at a time; parallel over (row, block of outputs)."""
+    n, k = x.shape
+    o = w.shape[0]
+    xa, wa, ya = np.int64(x.ctypes.data), np.int64(w.ctypes.data), np.int64(y.ctypes.data)
+    n_o = (o + TILE_O - 1) // TILE_O
+    for t in prange(n * n_o):
+        i, o0 = t // n_o, (t % n_o) * TILE_O
+        _dot_rows(min(TILE_O, o - o0), xa + i * k * 4, wa + o0 * k * 4, k * 4, ya + (i * o + o0) * 4, k)
 
 
 def tile_cols(m: int) -> int:

@@ -51,7 +51,7 @@ FMA_SCRATCH_BYTES = 2 << 20
 # against ~0.012 ns a multiply-add), shared by the output channels.
 FMA_IM2COL_MACS = 17
 # ... and an fp32 linear with at least this many rows runs on its GEMM too (the rows as its
-# pixels); fewer rows keep NumPy's BLAS on the calling thread (one tile would be mostly junk).
+# pixels); fewer rows take its dot-product kernel along K (one tile would be mostly junk).
 FMA_LINEAR_ROWS = 16
 # its result's rows are this many floats longer than the tiles: at 64 columns (256 bytes)
 # apart, the transposing epilogue's 256 reads per row fell in a few L1 sets (6x slower)
@@ -349,6 +349,9 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
         return [partial(kfma.transpose_in, xt, x.reshape(n, k)),
                 partial(kfma.gemm, c, w, xt, kfma.row_offsets(k, cols), 1, o, cols, 0, 0, 0, ldc),
                 partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), a["alpha"])]
+    if kfma.AVAILABLE:
+        return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"]),
+                partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), a["alpha"])]
     return [partial(np.matmul, x, d["wT"], out=y),
             partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), a["alpha"])]
 

@@ -90,3 +90,21 @@ def test_gemm_pitch_offsets_are_a_convolution(c_in, h, w, kh, kw, dh, dw):
                 want += np.einsum("oc,chw->ohw", wt[:, :, i, j].astype(np.float64), patch)
         got = c[:, b * mpi:b * mpi + ho * wp].reshape(o, ho, wp)[:, :, :wo]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(c_in * kh * kw))
+
+
+@needs_fma
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("n,k,o", [(1, 1, 1), (1, 16, 8), (2, 17, 9), (3, 15, 7), (1, 3136, 128),
+                                   (5, 300, 37)])
+def test_gemv_tails(n, k, o, serial):
+    """The dot-product kernel: every output tail (o % 8) and K tail (k % 16, a masked load that
+    must read as zeros: the arrays sit inside NaN-filled buffers)."""
+    xb = np.full(n * k + 64, np.nan, np.float32)
+    wb = np.full(o * k + 64, np.nan, np.float32)
+    x, w = xb[:n * k].reshape(n, k), wb[:o * k].reshape(o, k)
+    x[:] = RNG.standard_normal((n, k))
+    w[:] = RNG.standard_normal((o, k))
+    y = np.full((n, o), np.nan, np.float32)
+    (kfma.gemv.serial if serial else kfma.gemv)(y, x, w)
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
