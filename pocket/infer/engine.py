@@ -74,6 +74,11 @@ _NP = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8, "i32
 # kernel) runs on the calling thread: below it a thread pool's wake-up and barrier cost more
 # than the work they share (batch 1, small layers).
 _PARALLEL_WORK = 1 << 22
+# Where OpenMP's threads spin between kernels (see _spin_if_no_blas) a wake-up costs a few
+# µs, not tens, and an element-wise kernel counts this much more work per element (cnn_cifar
+# fp32 batch 1, 2 threads: im2col and the Winograd transforms of 50-130 µs each ran on one
+# core). The GEMMs keep their own measure: int8 VNNI tiles of ~10 µs lost when split.
+_SPIN_ELEMENT_WORK = 64
 # An engine made with interpret_first answers with the reference interpreter
 # (formats/reference.py: NumPy only, the definition the kernels match) until its calls have
 # taken this long in all, then plans and switches to the kernels for good.
@@ -156,7 +161,7 @@ class Engine:
         _import_numba_math()
         from pocket.infer.lowering import PREPARE, no_prep
 
-        _spin_if_no_blas(self.graph)
+        self._spinning = _spin_if_no_blas(self.graph)
         self._apply_threads()
         self._prep = [PREPARE.get(n.op, no_prep)(self, n) for n in self.graph.nodes]
         self._pool_after = self._fusable_pools()
@@ -339,7 +344,7 @@ class Engine:
                     # more on a loaded machine): a small call runs on the calling thread alone,
                     # a Numba kernel as its serial twin (see jit.py), a BLAS call with BLAS's
                     # pool shrunk to one thread around it.
-                    small = self._threads == 1 or _call_work(call) < _PARALLEL_WORK
+                    small = self._threads == 1 or _call_work(call, self._spinning) < _PARALLEL_WORK
                     twin = getattr(call.func, "serial", None)
                     if twin is not None:
                         call = partial(twin, *call.args, **call.keywords) if small else call
@@ -461,7 +466,7 @@ class Engine:
         self.close()
 
 
-def _spin_if_no_blas(graph: Graph) -> None:
+def _spin_if_no_blas(graph: Graph) -> bool:
     """Let OpenMP threads spin ~0.1-1 ms between kernels when no BLAS call will run beside them.
 
     NOTE: pocket.infer makes OpenMP wait passively (see __init__): spinning threads of Numba's
@@ -472,7 +477,7 @@ def _spin_if_no_blas(graph: Graph) -> None:
     wake: 10000 spins (~0.1 ms) still let it park between a batch-1 plan's parallel GEMMs
     (100000: 3.5 µs a wake-up, measured). libgomp reads GOMP_SPINCOUNT when
     Numba first starts its pool, so this only acts before the process's first parallel
-    kernel, and never against the user's own setting.
+    kernel, and never against the user's own setting. True when the plan's threads spin.
     """
     from pocket.infer import kernels_fma as kfma
     from pocket.infer import kernels_vnni as kv
@@ -482,6 +487,8 @@ def _spin_if_no_blas(graph: Graph) -> None:
     if not blas and "GOMP_SPINCOUNT" not in os.environ and os.environ.get(
             "OMP_WAIT_POLICY", "PASSIVE").upper() == "PASSIVE":
         os.environ["GOMP_SPINCOUNT"] = "100000"
+    return not blas and (os.environ.get("GOMP_SPINCOUNT", "") not in ("", "0")
+                         or os.environ.get("OMP_WAIT_POLICY", "").upper() == "ACTIVE")
 
 
 def _check_threads(threads: int | None) -> int | None:
@@ -510,7 +517,7 @@ def _direct(call: partial) -> partial:
     return partial(cres.entry_point, *call.args) if cres is not None else call
 
 
-def _call_work(call: partial) -> int:
+def _call_work(call: partial, spinning: bool = False) -> int:
     """A bound call's work, for the serial/parallel choice (see _PARALLEL_WORK)."""
     from pocket.infer import kernels_fma as kfma
     from pocket.infer import kernels_vnni as kv
@@ -529,7 +536,8 @@ def _call_work(call: partial) -> int:
         return 16 * call.args[0].size * call.args[1].shape[1]
     if call.func is kv.gemm_rows:
         return call.args[0].size * call.args[2].shape[1] // 4
-    return 16 * max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)
+    per_element = _SPIN_ELEMENT_WORK if spinning else 16
+    return per_element * max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)
 
 
 def _blas_controllers() -> list:
