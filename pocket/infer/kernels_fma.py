@@ -39,6 +39,7 @@ from pocket.infer.kernels_fp32 import activate
 from pocket.infer.kernels_vnni import _const, _loop, _ptr
 
 TILE_O, TILE_P = 8, 32  # a tile's channels and pixels; 16 accumulators leave room for loads
+HALF_P = 16  # pixels of a half tile: a GEMM's last one, when its width is 16 past a multiple of 32
 BLOCK_K, GROUP_P = 256, 16  # cache blocking (see gemm): 512 pixels x 256 rows = 512 KiB
 
 
@@ -64,13 +65,12 @@ _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VF, _VI = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
 
 
-def _make_tile(rows: int):
-    """c[r, 0:32] (+)= sum over k < nk of w[r, k] * x[offs[k] : offs[k] + 32] for r < rows.
+def _make_tile(rows: int, nv: int):
+    """c[r, 0:16nv] (+)= sum over k < nk of w[r, k] * x[offs[k] : offs[k] + 16nv] for r < rows.
 
     Addresses in bytes: w (rows of ldw, float32), x (the tile's first pixel), offs (int64 byte
     offsets from x, one per k), c (rows of ldc). With acc != 0 the sums start from c.
     """
-    nv = TILE_P // 16
 
     @intrinsic
     def tile(typingctx, w, ldw, x, offs, nk, c, ldc, acc):
@@ -113,7 +113,8 @@ def _make_tile(rows: int):
     return tile
 
 
-_t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = (_make_tile(r) for r in range(1, 9))
+_t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = (_make_tile(r, 2) for r in range(1, 9))
+_h1, _h2, _h3, _h4, _h5, _h6, _h7, _h8 = (_make_tile(r, 1) for r in range(1, 9))
 
 
 @njit(cache=True, inline="always")
@@ -134,6 +135,27 @@ def _tile_rows(rows, w, ldw, x, offs, nk, c, ldc, acc):
         _t2(w, ldw, x, offs, nk, c, ldc, acc)
     else:
         _t1(w, ldw, x, offs, nk, c, ldc, acc)
+
+
+@njit(cache=True, inline="always")
+def _half_rows(rows, w, ldw, x, offs, nk, c, ldc, acc):
+    """_tile_rows on 16 pixels: a last half tile."""
+    if rows == 8:
+        _h8(w, ldw, x, offs, nk, c, ldc, acc)
+    elif rows == 7:
+        _h7(w, ldw, x, offs, nk, c, ldc, acc)
+    elif rows == 6:
+        _h6(w, ldw, x, offs, nk, c, ldc, acc)
+    elif rows == 5:
+        _h5(w, ldw, x, offs, nk, c, ldc, acc)
+    elif rows == 4:
+        _h4(w, ldw, x, offs, nk, c, ldc, acc)
+    elif rows == 3:
+        _h3(w, ldw, x, offs, nk, c, ldc, acc)
+    elif rows == 2:
+        _h2(w, ldw, x, offs, nk, c, ldc, acc)
+    else:
+        _h1(w, ldw, x, offs, nk, c, ldc, acc)
 
 
 def _make_dot(rows: int):
@@ -228,15 +250,15 @@ def gemv(y, x, w):
 
 
 def tile_cols(m: int) -> int:
-    """Columns of a GEMM result for m pixels: whole tiles."""
-    return -(-m // TILE_P) * TILE_P
+    """Columns of a GEMM result for m pixels: whole tiles, the last one possibly a half tile."""
+    return -(-m // HALF_P) * HALF_P
 
 
 @kernel
 def gemm(c, w, x, offs, nb, o, m, xs, ws, cs, ldc):
     """nb independent GEMMs: for b < nb, C_b (o, m) = W_b (o, K) @ X_b, K = offs.shape[0],
     where W_b's rows start at w.flat[b*ws] (K apart), C_b's at c.flat[b*cs] (ldc apart),
-    and X_b's row k at x.flat[b*xs] + offs[k] bytes (m % TILE_P == 0; every row's m floats
+    and X_b's row k at x.flat[b*xs] + offs[k] bytes (m % HALF_P == 0; every row's m floats
     must be readable). Strides in elements.
 
     NOTE: blocked for the caches like any GEMM: a group of GROUP_P pixel tiles x BLOCK_K rows
@@ -248,7 +270,7 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, cs, ldc):
     k = offs.shape[0]
     wa, xa, ca, oa = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
                       np.int64(offs.ctypes.data))
-    n_p = m // TILE_P
+    n_p = (m + TILE_P - 1) // TILE_P  # the last one a half tile when m % TILE_P != 0
     n_g = (n_p + GROUP_P - 1) // GROUP_P
     tiles_o = (o + TILE_O - 1) // TILE_O
     n_o = max(1, min(tiles_o, (8 + nb * n_g - 1) // (nb * n_g)))
@@ -263,8 +285,12 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, cs, ldc):
             for o0 in range(ob, min(o, ob + per_o), TILE_O):
                 wr, cr = wa + (b * ws + o0 * k + k0) * 4, cb + o0 * ldc * 4
                 for pt in range(g * GROUP_P, min(n_p, (g + 1) * GROUP_P)):
-                    _tile_rows(min(TILE_O, o - o0), wr, k * 4, xb + pt * (TILE_P * 4), oa + k0 * 8,
-                               nk, cr + pt * (TILE_P * 4), ldc * 4, k0)
+                    if (pt + 1) * TILE_P <= m:
+                        _tile_rows(min(TILE_O, o - o0), wr, k * 4, xb + pt * (TILE_P * 4),
+                                   oa + k0 * 8, nk, cr + pt * (TILE_P * 4), ldc * 4, k0)
+                    else:
+                        _half_rows(min(TILE_O, o - o0), wr, k * 4, xb + pt * (TILE_P * 4),
+                                   oa + k0 * 8, nk, cr + pt * (TILE_P * 4), ldc * 4, k0)
 
 
 def pitch_offsets(c: int, hp: int, wp: int, kh: int, kw: int, dh: int, dw: int) -> np.ndarray:

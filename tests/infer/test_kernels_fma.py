@@ -34,11 +34,13 @@ def _naive(w, rows):
 
 @needs_fma
 @pytest.mark.parametrize("serial", [False, True])
-@pytest.mark.parametrize("nb,o,k,m", [(1, 1, 1, 32), (1, 7, 5, 64), (1, 8, 9, 32), (3, 9, 13, 96),
-                                      (2, 17, 300, 32), (16, 24, 64, 160), (1, 64, 1, 32)])
+@pytest.mark.parametrize("nb,o,k,m", [(1, 1, 1, 32), (1, 7, 5, 64), (1, 8, 9, 16), (3, 9, 13, 96),
+                                      (2, 17, 300, 48), (16, 24, 64, 160), (1, 64, 1, 32),
+                                      (1, 5, 600, 80)])
 def test_gemm_explicit_rows(nb, o, k, m, serial):
     """nb GEMMs on explicit (K, M) columns, the weights nb blocks apart; every channel tail
-    (o % 8) and a long K; the parallel and serial twins alike."""
+    (o % 8), half tiles (m % 32 == 16) and K longer than a cache block; the parallel and
+    serial twins alike."""
     x = RNG.standard_normal((nb, k, m)).astype(np.float32)
     w = RNG.standard_normal((nb, o, k)).astype(np.float32)
     c = np.full((nb, o, m), np.nan, np.float32)
