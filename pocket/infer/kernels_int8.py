@@ -26,12 +26,23 @@ from pocket.infer.jit import kernel
 EXACT_K = 1024  # float32 sums of int8 x int8 products stay exact up to 1032 terms
 
 
+# Adding and then subtracting 1.5 * 2**23 rounds a float32 of magnitude below 2**22 to an
+# integer, ties to even (the add's own rounding does it)
+_ROUND = np.float32(12582912.0)
+
+
 @kernel
 def quantize(out, x, scale, zp):
-    """x (M,) f32 -> out (M,) i8; division in float32, ties to even, saturating."""
+    """x (M,) f32 -> out (M,) i8; division in float32, ties to even, saturating.
+
+    NOTE: np.rint here was a libm call per element (0.76 ns each, a third of mlp int8 at batch
+    64); the quotient is clamped to +-256 first, where the result saturates anyway, so the
+    _ROUND trick is exact and the loop vectorizes."""
     s = np.float32(scale)
+    lim = np.float32(256.0)
     for i in prange(x.shape[0]):
-        v = np.rint(x[i] / s) + np.float32(zp)
+        v = min(max(x[i] / s, -lim), lim)
+        v = (v + _ROUND) - _ROUND + np.float32(zp)
         out[i] = np.int8(min(max(v, np.float32(-128.0)), np.float32(127.0)))
 
 

@@ -251,6 +251,7 @@ def gemm_cols(c, w, xp):
     """
     o, k = w.shape
     k4, mp = xp.shape
+    ldc = c.shape[1]  # >= mp: a linear's result rows are skewed (see requant_cols_t)
     wa, xa, ca = np.int64(w.ctypes.data), np.int64(xp.ctypes.data), np.int64(c.ctypes.data)
     n_p = mp // TILE_P
     tiles_o = (o + TILE_O - 1) // TILE_O
@@ -263,7 +264,7 @@ def gemm_cols(c, w, xp):
             n4 = min(BLOCK_K4, k4 - kk)
             for o0 in range(ob, min(o, ob + per_b), TILE_O):
                 _tile_rows(min(TILE_O, o - o0), wa + o0 * k + kk * 4, k, xa + (kk * mp + p0) * 4,
-                           mp * 4, ca + (o0 * mp + p0) * 4, mp * 4, n4, kk)
+                           mp * 4, ca + (o0 * ldc + p0) * 4, ldc * 4, n4, kk)
 
 
 @kernel
@@ -453,17 +454,27 @@ def requant_cols_pool(out, c, hc, pitch, kh, kw, sh, sw, bias, m, to_int8, y_zp,
 
 
 @kernel
-def requant_cols_t(out, c, bias, m, to_int8, y_zp, lo, relu):
-    """c (O, Mp) i32, row i's sums in column i -> out (N, O) i8 or f32 = epilogue(c.T + bias):
-    a linear's epilogue after `gemm_cols`.
+def requant_cols_t(out, c, cf, bias, m, to_int8, y_zp, lo, relu):
+    """c (O, >= N) i32 (cf: the same memory as float32), row i's sums in column i -> out (N, O)
+    i8 or f32 = epilogue(c.T + bias): a linear's epilogue after `gemm_cols`. Overwrites c.
 
-    NOTE: along c's rows (contiguous reads, a vectorized epilogue) and scattered writes:
-    reading down c's columns left the epilogue scalar, 1.5 ns an output."""
+    NOTE: the epilogue along c's rows in place (contiguous, vectorized), then a transposing copy
+    written in runs; scattered writes of each output cost 2x, and reading down c's columns
+    left the epilogue scalar, 1.5 ns an output. c's rows are skewed past 64 words by the
+    engine, else 256 rows 256 bytes apart share a few L1 sets."""
     n, o = out.shape
-    mp = c.shape[1]
-    cf, of = c.reshape(-1), out.reshape(-1)
     for oc in prange(o):
-        src, badj, mo = np.uint64(oc * mp), bias[oc], m[oc]
-        for i in range(n):
-            of[np.uint64(i * o + oc)] = _epilogue(np.int64(cf[src + np.uint64(i)]) + badj, mo, y_zp, lo,
-                                                  to_int8, relu)
+        badj, mo = bias[oc], m[oc]
+        if to_int8:
+            for i in range(n):
+                c[oc, i] = np.int32(_epilogue(np.int64(c[oc, i]) + badj, mo, y_zp, lo, to_int8, relu))
+        else:
+            for i in range(n):
+                cf[oc, i] = np.float32(_epilogue(np.int64(c[oc, i]) + badj, mo, y_zp, lo, to_int8, relu))
+    for i in prange(n):
+        if to_int8:
+            for oc in range(o):
+                out[i, oc] = c[oc, i]
+        else:
+            for oc in range(o):
+                out[i, oc] = cf[oc, i]

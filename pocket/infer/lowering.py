@@ -121,9 +121,10 @@ def _vnni_rows_bytes(n: int, o: int, k: int) -> tuple[int, int]:
 
 
 def _vnni_cols_bytes(rows: int, o: int, k: int) -> tuple[int, int]:
-    """Scratch of the VNNI tile route for `rows` pixels: xp (K/4, Mp) u32 and c (O, Mp) i32."""
+    """Scratch of the VNNI tile route for `rows` pixels: xp (K/4, Mp) u32 and c (O, Mp) i32
+    (a linear's rows skewed, see requant_cols_t)."""
     mp = _tile_cols(rows)
-    return _aligned(k * mp), _aligned(o * mp * 4)
+    return _aligned(k * mp), _aligned(o * (mp + _LINEAR_SKEW) * 4)
 
 
 def _prep_linear(eng: Engine, node: Node) -> dict:
@@ -369,9 +370,9 @@ def _b_linear_vnni(eng: Engine, step: int, d: dict, x, y, n: int) -> list:
                 partial(ki.requant_rows, y.reshape(n, o), c[None], *epi)]
     mp = _tile_cols(n)
     xp = eng._scratch(step, np.uint32, (k // 4, mp))
-    c = eng._scratch(step, np.int32, (o, mp), _vnni_cols_bytes(n, o, k)[0])
+    c = eng._scratch(step, np.int32, (o, mp + _LINEAR_SKEW), _vnni_cols_bytes(n, o, k)[0])
     return [partial(kv.pack_rows_t, xp, x8.view(np.uint32)), partial(kv.gemm_cols, c, w, xp),
-            partial(kv.requant_cols_t, y.reshape(n, o), c, *epi)]
+            partial(kv.requant_cols_t, y.reshape(n, o), c, c.view(np.float32), *epi)]
 
 
 def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:

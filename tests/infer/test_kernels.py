@@ -500,3 +500,19 @@ def test_winograd_filter_transform():
     kwg.filter_transform(u, w9)
     want = kwg.FILTER.astype(np.float64) @ w9.T.astype(np.float64)
     np.testing.assert_allclose(u, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale,zp", [(0.05, 3), (1.0, 0), (0.1, 127), (0.1, -128), (3e-5, 5)])
+def test_quantize_ties_and_extremes_exact(scale, zp):
+    """kernels_int8.quantize (rounding by adding 1.5 * 2**23, after clamping) equals
+    formats/quant.quantize on exact ties, both signs of zero, huge values and denormals."""
+    from pocket.formats import quant as qm
+    from pocket.infer import kernels_int8 as ki
+
+    s = np.float32(scale)
+    ties = ((np.arange(-300, 300) + 0.5) * s).astype(np.float32)
+    x = np.concatenate([ties, RNG.standard_normal(5000).astype(np.float32) * 50,
+                        np.array([0.0, -0.0, 1e30, -1e30, 5e-39, -5e-39], np.float32)])
+    out = np.zeros(x.shape, np.int8)
+    ki.quantize(out, x, scale, zp)
+    assert np.array_equal(out, qm.quantize(x, scale, zp))
