@@ -9,7 +9,7 @@ is what lets one kernel serve three layouts:
 
 - a stride-1 conv at a pixel pitch of Wp (see kernels_fp32.im2col_pitch): row k = (c, i, j)
   of image b's columns is the padded image itself, shifted by (c*Hp + i*dh)*Wp + j*dw; so
-  offs[k] is that shift and the GEMM reads the padded images in place (`conv_pitch`);
+  offs[k] is that shift (`pitch_offsets`) and the GEMM reads the padded images in place;
 - explicit columns (K, M) (im2col, Winograd's V[e], a linear's transposed rows):
   offs[k] = k * M * 4.
 
@@ -17,7 +17,7 @@ A linear with few rows (batch 1) takes `gemv` instead: dot products along K, 8 w
 at a time, with a masked load for the last partial chunk.
 
 Exactness: like BLAS, the sums differ from formats/reference.py by float32 rounding only;
-each output is one FMA chain along K in the weights' order.
+each GEMM output is one FMA chain along K in the weights' order (gemv: 16 chains, then summed).
 
 The engine uses this module only when `AVAILABLE` (AVX-512 on the host and Numba compiling
 for the host); ARM and older x86 keep NumPy's BLAS, and the LLVM here is never compiled.
