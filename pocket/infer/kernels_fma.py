@@ -25,67 +25,56 @@ for the host); ARM and older x86 keep NumPy's BLAS, and the LLVM here is never c
 
 from __future__ import annotations
 
-import os
-import platform
-
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import activate
-from pocket.infer.kernels_vnni import _const, _loop, _ptr
+from pocket.infer.kernels_vnni import _const, _loop, _ptr, host_has
 
 TILE_O, TILE_P = 8, 32  # a tile's channels and pixels; 16 accumulators leave room for loads
 HALF_P = 16  # pixels of a half tile: a GEMM's last one, when its width is 16 past a multiple of 32
 BLOCK_K, GROUP_P = 256, 16  # cache blocking (see gemm): 512 pixels x 256 rows = 512 KiB
 
-
-def _detect() -> bool:
-    """AVX-512F on the host and Numba compiling for the host; POCKET_FP32_FMA=0 opts out."""
-    if os.environ.get("POCKET_FP32_FMA", "1") == "0":
-        return False
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    import numba
-    from llvmlite import binding
-
-    # NOTE: as in kernels_vnni: a cache for a named CPU must run without these instructions
-    if numba.config.CPU_NAME not in (None, "host") or numba.config.DISABLE_JIT:
-        return False
-    feats = binding.get_host_cpu_features()
-    return all(feats.get(f, False) for f in ("avx512f", "fma"))
-
-
-AVAILABLE = _detect()
+AVAILABLE = host_has("POCKET_FP32_FMA", ("avx512f", "fma"))
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VF, _VI = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
 
 
-def _make_tile(rows: int, nv: int):
-    """c[r, 0:16nv] (+)= sum over k < nk of w[r, k] * x[offs[k] : offs[k] + 16nv] for r < rows.
+def _row_at(builder, base, r: int, rows, stride):
+    """base + min(r, rows - 1) * stride: a row past the valid ones repeats the last valid one
+    (it is computed and never stored, so a tail needs no kernel of its own)."""
+    rr = builder.select(builder.icmp_signed("<", _const(r), rows), _const(r),
+                        builder.sub(rows, _const(1)))
+    return builder.add(base, builder.mul(rr, stride))
+
+
+def _make_tile(nv: int):
+    """c[r, 0:16nv] (+)= sum over k < nk of w[r, k] * x[offs[k] : offs[k] + 16nv] for r < rows
+    (1..TILE_O).
 
     Addresses in bytes: w (rows of ldw, float32), x (the tile's first pixel), offs (int64 byte
     offsets from x, one per k), c (rows of ldc). With acc != 0 the sums start from c.
     """
 
     @intrinsic
-    def tile(typingctx, w, ldw, x, offs, nk, c, ldc, acc):
-        sig = types.void(*[types.intp] * 8)
+    def tile(typingctx, w, ldw, x, offs, nk, c, ldc, acc, rows):
+        sig = types.void(*[types.intp] * 9)
 
         def codegen(context, builder, signature, args):
-            w, ldw, x, offs, nk, c, ldc, acc = args
+            w, ldw, x, offs, nk, c, ldc, acc, rows = args
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                                  "llvm.fma.v16f32")
             start = builder.icmp_signed("!=", acc, _const(0))
-            c_at = [[builder.add(builder.add(c, builder.mul(_const(r), ldc)), _const(64 * v))
-                     for v in range(nv)] for r in range(rows)]
+            c_at = [[builder.add(_row_at(builder, c, r, rows, ldc), _const(64 * v)) for v in range(nv)]
+                    for r in range(TILE_O)]
             init = [builder.select(start, builder.load(_ptr(builder, a, _VF), align=4),
                                    ir.Constant(_VF, None)) for row in c_at for a in row]
-            w_at = [builder.add(w, builder.mul(_const(r), ldw)) for r in range(rows)]
+            w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
             splat = ir.Constant(_VI, None)
 
             def step(i, accs):
@@ -96,7 +85,7 @@ def _make_tile(rows: int, nv: int):
                       for v in range(nv)]
                 k4 = builder.mul(i, _const(4))
                 out = []
-                for r in range(rows):
+                for r in range(TILE_O):
                     s = builder.load(_ptr(builder, builder.add(w_at[r], k4), _F32), align=4)
                     wb = builder.insert_element(ir.Constant(_VF, ir.Undefined), s, ir.Constant(_I32, 0))
                     wb = builder.shuffle_vector(wb, ir.Constant(_VF, ir.Undefined), splat)
@@ -104,8 +93,10 @@ def _make_tile(rows: int, nv: int):
                 return out
 
             final = _loop(builder, nk, init, step)
-            for a, v in zip((a for row in c_at for a in row), final):
-                builder.store(v, _ptr(builder, a, _VF), align=4)
+            for r in range(TILE_O):
+                with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+                    for v in range(nv):
+                        builder.store(final[r * nv + v], _ptr(builder, c_at[r][v], _VF), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -113,53 +104,11 @@ def _make_tile(rows: int, nv: int):
     return tile
 
 
-_t1, _t2, _t3, _t4, _t5, _t6, _t7, _t8 = (_make_tile(r, 2) for r in range(1, 9))
-_h1, _h2, _h3, _h4, _h5, _h6, _h7, _h8 = (_make_tile(r, 1) for r in range(1, 9))
+_tile, _half = _make_tile(2), _make_tile(1)  # 32 pixels; 16 (a GEMM's last, half tile)
 
 
-@njit(cache=True, inline="always")
-def _tile_rows(rows, w, ldw, x, offs, nk, c, ldc, acc):
-    if rows == 8:
-        _t8(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 7:
-        _t7(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 6:
-        _t6(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 5:
-        _t5(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 4:
-        _t4(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 3:
-        _t3(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 2:
-        _t2(w, ldw, x, offs, nk, c, ldc, acc)
-    else:
-        _t1(w, ldw, x, offs, nk, c, ldc, acc)
-
-
-@njit(cache=True, inline="always")
-def _half_rows(rows, w, ldw, x, offs, nk, c, ldc, acc):
-    """_tile_rows on 16 pixels: a last half tile."""
-    if rows == 8:
-        _h8(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 7:
-        _h7(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 6:
-        _h6(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 5:
-        _h5(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 4:
-        _h4(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 3:
-        _h3(w, ldw, x, offs, nk, c, ldc, acc)
-    elif rows == 2:
-        _h2(w, ldw, x, offs, nk, c, ldc, acc)
-    else:
-        _h1(w, ldw, x, offs, nk, c, ldc, acc)
-
-
-def _make_dot(rows: int):
-    """c[r] = sum over j < k of x[j] * w[r, j] for r < rows (float32, 4 bytes apart).
+def _make_dot():
+    """c[r] = sum over j < k of x[j] * w[r, j] for r < rows (1..TILE_O; float32, 4 bytes apart).
 
     x and the rows of w (ldw bytes apart) are read in chunks of 16 floats; the last partial
     chunk is a masked load and reads as zeros, never past the end. Each row's 16 lanes are
@@ -167,14 +116,14 @@ def _make_dot(rows: int):
     """
 
     @intrinsic
-    def dot(typingctx, x, w, ldw, c, k):
-        sig = types.void(*[types.intp] * 5)
+    def dot(typingctx, x, w, ldw, c, k, rows):
+        sig = types.void(*[types.intp] * 6)
 
         def codegen(context, builder, signature, args):
-            x, w, ldw, c, k = args
+            x, w, ldw, c, k, rows = args
             mod = builder.module
             fma = cgutils.get_or_insert_function(mod, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
-            w_at = [builder.add(w, builder.mul(_const(r), ldw)) for r in range(rows)]
+            w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
             full = builder.sdiv(k, _const(16))
 
             def step(i, accs):
@@ -183,7 +132,7 @@ def _make_dot(rows: int):
                 return [builder.call(fma, [xv, builder.load(_ptr(builder, builder.add(wr, off), _VF),
                                                            align=4), a]) for a, wr in zip(accs, w_at)]
 
-            accs = _loop(builder, full, [ir.Constant(_VF, None)] * rows, step)
+            accs = _loop(builder, full, [ir.Constant(_VF, None)] * TILE_O, step)
             # the tail: rem (0..15) floats, the other lanes masked to zero
             rem = builder.trunc(builder.srem(k, _const(16)), _I32)
             splat = builder.shuffle_vector(
@@ -203,9 +152,10 @@ def _make_dot(rows: int):
 
             xv = masked(x)
             for r, (a, wr) in enumerate(zip(accs, w_at)):
-                a = builder.call(fma, [xv, masked(wr), a])
-                total = builder.call(red, [ir.Constant(_F32, 0.0), a], fastmath=("reassoc",))
-                builder.store(total, _ptr(builder, builder.add(c, _const(4 * r)), _F32), align=4)
+                with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+                    a = builder.call(fma, [xv, masked(wr), a])
+                    total = builder.call(red, [ir.Constant(_F32, 0.0), a], fastmath=("reassoc",))
+                    builder.store(total, _ptr(builder, builder.add(c, _const(4 * r)), _F32), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -213,27 +163,7 @@ def _make_dot(rows: int):
     return dot
 
 
-_d1, _d2, _d3, _d4, _d5, _d6, _d7, _d8 = (_make_dot(r) for r in range(1, 9))
-
-
-@njit(cache=True, inline="always")
-def _dot_rows(rows, x, w, ldw, c, k):
-    if rows == 8:
-        _d8(x, w, ldw, c, k)
-    elif rows == 7:
-        _d7(x, w, ldw, c, k)
-    elif rows == 6:
-        _d6(x, w, ldw, c, k)
-    elif rows == 5:
-        _d5(x, w, ldw, c, k)
-    elif rows == 4:
-        _d4(x, w, ldw, c, k)
-    elif rows == 3:
-        _d3(x, w, ldw, c, k)
-    elif rows == 2:
-        _d2(x, w, ldw, c, k)
-    else:
-        _d1(x, w, ldw, c, k)
+_dot = _make_dot()
 
 
 @kernel
@@ -246,7 +176,7 @@ def gemv(y, x, w):
     n_o = (o + TILE_O - 1) // TILE_O
     for t in prange(n * n_o):
         i, o0 = t // n_o, (t % n_o) * TILE_O
-        _dot_rows(min(TILE_O, o - o0), xa + i * k * 4, wa + o0 * k * 4, k * 4, ya + (i * o + o0) * 4, k)
+        _dot(xa + i * k * 4, wa + o0 * k * 4, k * 4, ya + (i * o + o0) * 4, k, min(TILE_O, o - o0))
 
 
 def tile_cols(m: int) -> int:
@@ -285,12 +215,12 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, cs, ldc):
             for o0 in range(ob, min(o, ob + per_o), TILE_O):
                 wr, cr = wa + (b * ws + o0 * k + k0) * 4, cb + o0 * ldc * 4
                 for pt in range(g * GROUP_P, min(n_p, (g + 1) * GROUP_P)):
+                    args = (wr, k * 4, xb + pt * (TILE_P * 4), oa + k0 * 8, nk,
+                            cr + pt * (TILE_P * 4), ldc * 4, k0, min(TILE_O, o - o0))
                     if (pt + 1) * TILE_P <= m:
-                        _tile_rows(min(TILE_O, o - o0), wr, k * 4, xb + pt * (TILE_P * 4),
-                                   oa + k0 * 8, nk, cr + pt * (TILE_P * 4), ldc * 4, k0)
+                        _tile(*args)
                     else:
-                        _half_rows(min(TILE_O, o - o0), wr, k * 4, xb + pt * (TILE_P * 4),
-                                   oa + k0 * 8, nk, cr + pt * (TILE_P * 4), ldc * 4, k0)
+                        _half(*args)
 
 
 def pitch_offsets(c: int, hp: int, wp: int, kh: int, kw: int, dh: int, dw: int) -> np.ndarray:

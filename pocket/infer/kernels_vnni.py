@@ -47,9 +47,10 @@ TILE_O, TILE_P = 4, 64  # a _tile's channels and pixels (4 x 4 zmm accumulators)
 BLOCK_K4 = 64  # K/4 steps per pass: 64 pixels x 256 bytes of activations stay in L1
 
 
-def _detect() -> bool:
-    """AVX-512 VNNI on the host and Numba compiling for the host; POCKET_INT8_VNNI=0 opts out."""
-    if os.environ.get("POCKET_INT8_VNNI", "1") == "0":
+def host_has(switch: str, features: tuple[str, ...]) -> bool:
+    """x86 CPU `features` on the host and Numba compiling for the host; `switch`=0 opts out
+    (the x86 kernel sets of this module and of kernels_fma)."""
+    if os.environ.get(switch, "1") == "0":
         return False
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
@@ -62,10 +63,10 @@ def _detect() -> bool:
     if numba.config.CPU_NAME not in (None, "host") or numba.config.DISABLE_JIT:
         return False
     feats = binding.get_host_cpu_features()
-    return all(feats.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni"))
+    return all(feats.get(f, False) for f in features)
 
 
-AVAILABLE = _detect()
+AVAILABLE = host_has("POCKET_INT8_VNNI", ("avx512f", "avx512bw", "avx512vnni"))
 
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _V16 = ir.VectorType(_I32, 16)

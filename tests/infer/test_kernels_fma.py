@@ -19,11 +19,15 @@ needs_fma = pytest.mark.skipif(not kfma.AVAILABLE, reason="this CPU has no AVX-5
 RNG = np.random.default_rng(12)
 
 
-@pytest.mark.parametrize("env", [{"POCKET_FP32_FMA": "0"}, {"NUMBA_CPU_NAME": "generic"},
+@pytest.mark.parametrize("module,switch", [("kernels_fma", "POCKET_FP32_FMA"),
+                                           ("kernels_vnni", "POCKET_INT8_VNNI")])
+@pytest.mark.parametrize("env", [{"SWITCH": "0"}, {"NUMBA_CPU_NAME": "generic"},
                                  {"NUMBA_DISABLE_JIT": "1"}])
-def test_detection_opts_out(env):
-    """The switch, a portable Numba target and a disabled JIT all keep NumPy's BLAS."""
-    code = "from pocket.infer import kernels_fma as k; assert not k.AVAILABLE"
+def test_detection_opts_out(module, switch, env):
+    """Either x86 kernel set (fp32 FMA, int8 VNNI): its switch, a portable Numba target and a
+    disabled JIT all keep the portable routes (NumPy's BLAS, the portable int8 kernels)."""
+    env = {switch if k == "SWITCH" else k: v for k, v in env.items()}
+    code = f"from pocket.infer import {module} as k; assert not k.AVAILABLE"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, **env})
 
 
