@@ -125,10 +125,12 @@ def output_transform(out, m, tmp, th_n, tw_n, b, act, alpha, pool):
     """m (16, O, >= N*T) f32 -> out (N, O, Ho, Wo) = act(A^T m A + b) (b may be empty); with
     pool, out (N, O, Ho//2, Wo//2) = the max of each tile's 2x2 outputs, which is a 2x2/2
     maxpool of the convolution (taken before a non-decreasing activation, as in bias_act_pool).
-    tmp (N*O, 8, Tw) is scratch.
+    tmp (N*O, 8, T) is scratch.
 
-    NOTE: two passes per tile row, like input_transform: A^T m for each tile column (3 loads, 1
-    store a loop), then the 2x2 outputs; only a partial last tile row or column is checked."""
+    NOTE: two passes per plane, like input_transform: A^T m for all of the plane's T tiles
+    (3 loads, 1 store a loop: 16 streams in one loop kept LLVM from vectorizing), then the
+    2x2 outputs. The first pass runs over the whole plane, not a tile row: on 8x8 and 4x4
+    maps a row is 4 or 2 tiles. Only a partial last tile row or column is checked."""
     n, o, ho, wo = out.shape
     cols = m.shape[2]
     tiles = th_n * tw_n
@@ -136,35 +138,45 @@ def output_transform(out, m, tmp, th_n, tw_n, b, act, alpha, pool):
     mf, of, tf = m.reshape(-1), out.reshape(-1), tmp.reshape(-1)
     e = np.uint64(o * cols)
     one = np.uint64(1)
+    w_ = np.uint64(tiles)
     rows = min(th_n, ho) if pool else th_n
     full = min(tw_n, wo) if pool else wo // 2
+    # pooled, every tile in the output: the pooled plane is the tiles in order
+    flat_pool = pool and rows == th_n and full == tw_n
     for r in prange(n * o):
         bi, oc = r // o, r % o
         bo = b[oc] if has_bias else np.float32(0.0)
         plane = np.uint64(r * ho * wo)
-        w_ = np.uint64(tw_n)
-        s0 = np.uint64(r * 8 * tw_n)  # tmp[r]: s0..s3 = rows 0+1+2, d0..d3 = rows 1-2-3
+        src = np.uint64(oc * cols + bi * tiles)
+        s0 = np.uint64(r * 8 * tiles)  # tmp[r]: s0..s3 = rows 0+1+2, d0..d3 = rows 1-2-3
         s1, s2, s3 = s0 + w_, s0 + np.uint64(2) * w_, s0 + np.uint64(3) * w_
         d0, d1, d2, d3 = (s0 + np.uint64(4) * w_, s0 + np.uint64(5) * w_, s0 + np.uint64(6) * w_,
                           s0 + np.uint64(7) * w_)
+        for k in range(4):  # column k of every tile
+            a0 = src + np.uint64(k) * e
+            a1, a2, a3 = a0 + np.uint64(4) * e, a0 + np.uint64(8) * e, a0 + np.uint64(12) * e
+            sk, dk = s0 + np.uint64(k) * w_, d0 + np.uint64(k) * w_
+            for t in range(tiles):
+                u = np.uint64(t)
+                tf[sk + u] = mf[a0 + u] + mf[a1 + u] + mf[a2 + u]
+            for t in range(tiles):
+                u = np.uint64(t)
+                tf[dk + u] = mf[a1 + u] - mf[a2 + u] - mf[a3 + u]
+        if flat_pool:
+            for t in range(tiles):
+                u = np.uint64(t)
+                f = max(max(tf[s0 + u] + tf[s1 + u] + tf[s2 + u], tf[s1 + u] - tf[s2 + u] - tf[s3 + u]),
+                        max(tf[d0 + u] + tf[d1 + u] + tf[d2 + u], tf[d1 + u] - tf[d2 + u] - tf[d3 + u]))
+                of[plane + u] = _act(f + bo, act, alpha)
+            continue
         for th in range(rows):
-            src = np.uint64(oc * cols + bi * tiles + th * tw_n)
-            for k in range(4):  # column k of the tile
-                a0 = src + np.uint64(k) * e
-                a1, a2, a3 = a0 + np.uint64(4) * e, a0 + np.uint64(8) * e, a0 + np.uint64(12) * e
-                sk, dk = s0 + np.uint64(k) * w_, d0 + np.uint64(k) * w_
-                for tw in range(tw_n):
-                    u = np.uint64(tw)
-                    tf[sk + u] = mf[a0 + u] + mf[a1 + u] + mf[a2 + u]
-                for tw in range(tw_n):
-                    u = np.uint64(tw)
-                    tf[dk + u] = mf[a1 + u] - mf[a2 + u] - mf[a3 + u]
+            row = np.uint64(th * tw_n)
             if pool:
                 dst = plane + np.uint64(th * wo)
                 for tw in range(full):
-                    u = np.uint64(tw)
-                    f = max(max(tf[s0 + u] + tf[s1 + u] + tf[s2 + u], tf[s1 + u] - tf[s2 + u] - tf[s3 + u]),
-                            max(tf[d0 + u] + tf[d1 + u] + tf[d2 + u], tf[d1 + u] - tf[d2 + u] - tf[d3 + u]))
+                    u, q = np.uint64(tw), row + np.uint64(tw)
+                    f = max(max(tf[s0 + q] + tf[s1 + q] + tf[s2 + q], tf[s1 + q] - tf[s2 + q] - tf[s3 + q]),
+                            max(tf[d0 + q] + tf[d1 + q] + tf[d2 + q], tf[d1 + q] - tf[d2 + q] - tf[d3 + q]))
                     of[dst + u] = _act(f + bo, act, alpha)
                 continue
             i = 2 * th
@@ -172,11 +184,11 @@ def output_transform(out, m, tmp, th_n, tw_n, b, act, alpha, pool):
                 top = plane + np.uint64(i * wo)
                 bottom = top + np.uint64(wo)
                 for tw in range(full):
-                    u, j = np.uint64(tw), np.uint64(2 * tw)
-                    y00 = tf[s0 + u] + tf[s1 + u] + tf[s2 + u] + bo
-                    y01 = tf[s1 + u] - tf[s2 + u] - tf[s3 + u] + bo
-                    y10 = tf[d0 + u] + tf[d1 + u] + tf[d2 + u] + bo
-                    y11 = tf[d1 + u] - tf[d2 + u] - tf[d3 + u] + bo
+                    q, j = row + np.uint64(tw), np.uint64(2 * tw)
+                    y00 = tf[s0 + q] + tf[s1 + q] + tf[s2 + q] + bo
+                    y01 = tf[s1 + q] - tf[s2 + q] - tf[s3 + q] + bo
+                    y10 = tf[d0 + q] + tf[d1 + q] + tf[d2 + q] + bo
+                    y11 = tf[d1 + q] - tf[d2 + q] - tf[d3 + q] + bo
                     if act == 1:
                         of[top + j] = y00 if y00 > 0 else np.float32(0.0)
                         of[top + j + one] = y01 if y01 > 0 else np.float32(0.0)
@@ -190,9 +202,9 @@ def output_transform(out, m, tmp, th_n, tw_n, b, act, alpha, pool):
             for tw in range(tw_n):  # what the loop above left: a last column, a last row
                 if tw < full and i + 1 < ho:
                     continue
-                j, u = 2 * tw, np.uint64(tw)
-                y = (tf[s0 + u] + tf[s1 + u] + tf[s2 + u], tf[s1 + u] - tf[s2 + u] - tf[s3 + u],
-                     tf[d0 + u] + tf[d1 + u] + tf[d2 + u], tf[d1 + u] - tf[d2 + u] - tf[d3 + u])
+                j, q = 2 * tw, row + np.uint64(tw)
+                y = (tf[s0 + q] + tf[s1 + q] + tf[s2 + q], tf[s1 + q] - tf[s2 + q] - tf[s3 + q],
+                     tf[d0 + q] + tf[d1 + q] + tf[d2 + q], tf[d1 + q] - tf[d2 + q] - tf[d3 + q])
                 if i < ho and j < wo:
                     of[plane + np.uint64(i * wo + j)] = _act(y[0] + bo, act, alpha)
                 if i < ho and j + 1 < wo:

@@ -247,11 +247,11 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
 
 def _winograd_sizes(d: dict, m: int) -> list[int]:
     """Scratch of a Winograd conv for m images, in order: U, padded images, row scratch, V, M,
-    output row scratch (float32 elements). V and M have _winograd_cols columns."""
+    output scratch (float32 elements). V and M have _winograd_cols columns."""
     c, o = d["c"], d["o"]
     cols = _winograd_cols(d, m)
     return [16 * (o * c + _U_SKEW), m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"], 16 * c * cols,
-            16 * o * cols, m * o * 8 * d["tw"]]
+            16 * o * cols, m * o * 8 * d["th"] * d["tw"]]
 
 
 def _winograd_cols(d: dict, m: int) -> int:
@@ -450,7 +450,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             c, th, tw = d["c"], d["th"], d["tw"]
             cols = _winograd_cols(d, m)
             shapes = [(16, o * c + _U_SKEW), (m, c, d["hp"], d["wp"]), (m * c, 4, d["wp"]), (16, c, cols),
-                      (16, o, cols), (m * o, 8, tw)]
+                      (16, o, cols), (m * o, 8, th * tw)]
             at, views = 0, []
             for shape, full in zip(shapes, _winograd_sizes(d, d["chunk"])):
                 views.append(eng._scratch(step, np.float32, shape, at))
