@@ -13,7 +13,8 @@ validates the graph, rejects every unsupported op in one error, and plans:
   convs pad the images first and lay the pixels at a pitch of the padded width, so each
   im2col row is one contiguous copy; 3x3 stride-1 convs with 64+ input channels and enough
   tiles a call run as Winograd F(2x2, 3x3) (kernels_winograd: 16 GEMMs, 2.25x fewer
-  multiply-adds);
+  multiply-adds); on a CPU with AVX-512 every fp32 GEMM is kernels_fma's instead of BLAS, and
+  a stride-1 conv reads its padded images in place (no im2col);
 - plan-level fusion: a conv2d whose only reader is an unpadded maxpool2d (and whose
   activation is non-decreasing) writes the pooled output from its epilogue; the IR is unchanged;
 - int8 conv2d (groups 1) and linear on a CPU with AVX-512 VNNI run the int8 GEMMs of
@@ -34,9 +35,9 @@ Arrays returned by `run()` are views into the arena, overwritten by the next cal
 `copy=True` to keep them. Batches larger than `max_batch` are split (and the result is a new
 array). Kernels are Numba functions compiled on first use and cached on disk (next to the
 package, or under NUMBA_CACHE_DIR when that is set); `warmup()` compiles them all up front.
-Numba kernels use `threads` threads; the BLAS GEMMs follow OPENBLAS_NUM_THREADS /
-OMP_NUM_THREADS, or `threads` when threadpoolctl is installed (without it, small GEMMs also
-keep BLAS's own thread count).
+Numba kernels use `threads` threads; the BLAS GEMMs (none on AVX-512 x86) follow
+OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, or `threads` when threadpoolctl is installed (without
+it, small GEMMs also keep BLAS's own thread count).
 """
 
 from __future__ import annotations
