@@ -12,9 +12,10 @@ wsum). The weights are read in place, in their (O, C*kh*kw) layout.
 
 - conv2d (groups 1): `pad_shift` writes the padded, shifted images once, `pack_cols` the
   activations as (ceil(K/4), Mp) u32 (the four bytes of one pixel's columns k..k+3 in one
-  word; Mp = pixels rounded up to 64; stride-1 convs at a pixel pitch of Wp, see pack_cols),
+  word; Mp = pixels rounded up to 16; stride-1 convs at a pixel pitch of Wp, see pack_cols),
   then `gemm_cols` -> c (O, Mp) int32: each `_tile` keeps 4 channels x 64 pixels in 16 zmm
-  accumulators and broadcasts 4 weight bytes per channel per step; `requant_cols(_pool)`
+  accumulators and broadcasts 4 weight bytes per channel per step (the last 16-48 pixels:
+  a narrow tile over more channels); `requant_cols(_pool)`
   writes the int8 (or float32) output, with a fused maxpool. K % 4 != 0 (a first layer)
   pads the weights to whole words in the node's scratch each call (`pad_weights`).
 - linear with 16+ rows: `pack_rows_t` + `gemm_cols` the same way, `requant_cols_t`;
@@ -44,6 +45,7 @@ from pocket.infer.kernels_int8 import _epilogue
 
 MAX_K = (2**31 - 1) // (255 * 128)  # 65793: longer dot products could leave int32
 TILE_O, TILE_P = 4, 64  # a _tile's channels and pixels (4 x 4 zmm accumulators)
+COL_ALIGN = 16  # packed columns come in whole vectors (a narrow tile ends a GEMM)
 BLOCK_K4 = 64  # K/4 steps per pass: 64 pixels x 256 bytes of activations stay in L1
 
 
@@ -213,7 +215,62 @@ def _make_dot(rows: int):
     return dot
 
 
+def _row_at(builder, base, r: int, rows, stride):
+    """base + min(r, rows - 1) * stride: a row past the valid ones repeats the last valid one
+    (it is computed and never stored, so a channel tail needs no kernel of its own)."""
+    rr = builder.select(builder.icmp_signed("<", _const(r), rows), _const(r),
+                        builder.sub(rows, _const(1)))
+    return builder.add(base, builder.mul(rr, stride))
+
+
+def _make_narrow(nv: int):
+    """`_tile` for a GEMM's last pixels, 16*nv of them (nv < 4), over 16 // nv channels so that
+    it keeps as many accumulators busy: c[r, 0:16nv] (+)= sum over k4 < n4 of w[r, 4k4:4k4+4]
+    . xp[k4, 0:16nv, :] for r < rows (1..16 // nv). Small maps end in such a tile: a 4x4 map's
+    24 pixel-pitched columns at batch 1 filled 24 of a 64-pixel tile's columns."""
+    tile_o = 16 // nv
+
+    @intrinsic
+    def narrow(typingctx, w, ldw, xp, ldx, c, ldc, n4, acc, rows):
+        sig = types.void(*[types.intp] * 9)
+
+        def codegen(context, builder, signature, args):
+            w, ldw, xp, ldx, c, ldc, n4, acc, rows = args
+            dp = _vpdpbusd(builder)
+            start = builder.icmp_signed("!=", acc, _const(0))
+            c_at = [[builder.add(_row_at(builder, c, r, rows, ldc), _const(64 * v)) for v in range(nv)]
+                    for r in range(tile_o)]
+            init = [builder.select(start, builder.load(_ptr(builder, a, _V16), align=4),
+                                   ir.Constant(_V16, None)) for row in c_at for a in row]
+            w_at = [_row_at(builder, w, r, rows, ldw) for r in range(tile_o)]
+
+            def step(i, accs):
+                xrow = builder.add(xp, builder.mul(i, ldx))
+                xs = [builder.load(_ptr(builder, builder.add(xrow, _const(64 * v)), _V16), align=4)
+                      for v in range(nv)]
+                k4 = builder.mul(i, _const(4))
+                out = []
+                for r in range(tile_o):
+                    word = builder.load(_ptr(builder, builder.add(w_at[r], k4), _I32), align=1)
+                    wb = builder.insert_element(ir.Constant(_V16, ir.Undefined), word, ir.Constant(_I32, 0))
+                    wb = builder.shuffle_vector(wb, ir.Constant(_V16, ir.Undefined), ir.Constant(_V16, None))
+                    out += [builder.call(dp, [accs[r * nv + v], xs[v], wb]) for v in range(nv)]
+                return out
+
+            final = _loop(builder, n4, init, step)
+            for r in range(tile_o):
+                with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+                    for v in range(nv):
+                        builder.store(final[r * nv + v], _ptr(builder, c_at[r][v], _V16), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return narrow
+
+
 _tile1, _tile2, _tile3, _tile4 = (_make_tile(r) for r in (1, 2, 3, 4))
+_narrow1, _narrow2, _narrow3 = (_make_narrow(nv) for nv in (1, 2, 3))
 _dot1, _dot2, _dot3, _dot4 = (_make_dot(r) for r in (1, 2, 3, 4))
 
 
@@ -230,6 +287,16 @@ def _tile_rows(rows, w, ldw, xp, ldx, c, ldc, n4, acc):
 
 
 @njit(cache=True, inline="always")
+def _narrow_tile(nv, rows, w, ldw, xp, ldx, c, ldc, n4, acc):
+    if nv == 1:
+        _narrow1(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+    elif nv == 2:
+        _narrow2(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+    else:
+        _narrow3(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+
+
+@njit(cache=True, inline="always")
 def _dot_rows(rows, xu, w, ldw, c, k):
     if rows == 4:
         _dot4(xu, w, ldw, c, k)
@@ -243,29 +310,40 @@ def _dot_rows(rows, xu, w, ldw, c, k):
 
 @kernel
 def gemm_cols(c, w, xp):
-    """w (O, K) i8, xp (K/4, Mp) u32 (4 unsigned bytes each) -> c (O, Mp) i32 = w @ xp.
+    """w (O, K) i8, xp (K/4, Mp) u32 (4 unsigned bytes each; Mp % 16 == 0) -> c (O, Mp) i32
+    = w @ xp.
 
     NOTE: pixel tiles outermost: a tile's activations (64 pixels x BLOCK_K4 words) stay in L1
-    while every channel tile passes over them; the weights stream from L2. Small maps have
-    few pixel tiles (a 4x4 map at batch 1: one), so the channels are split into blocks too,
-    giving the threads at least 8 pieces of work.
+    while every channel tile passes over them; the weights stream from L2. The last 16, 32 or
+    48 pixels take a narrow tile over more channels. Small maps have few pixel tiles (a 4x4
+    map at batch 1: one), so the channels are split into blocks too, giving the threads at
+    least 8 pieces of work.
     """
     o, k = w.shape
     k4, mp = xp.shape
     ldc = c.shape[1]  # >= mp: a linear's result rows are skewed (see requant_cols_t)
     wa, xa, ca = np.int64(w.ctypes.data), np.int64(xp.ctypes.data), np.int64(c.ctypes.data)
-    n_p = mp // TILE_P
+    n_full, nv = mp // TILE_P, (mp % TILE_P) // 16
+    n_p = n_full + (1 if nv else 0)
     tiles_o = (o + TILE_O - 1) // TILE_O
     n_b = max(1, min(tiles_o, (8 + n_p - 1) // n_p))
     per_b = (tiles_o + n_b - 1) // n_b * TILE_O
     n_b = (o + per_b - 1) // per_b
+    narrow_o = 16 // max(nv, 1)
     for t in prange(n_p * n_b):
-        p0, ob = (t // n_b) * TILE_P, (t % n_b) * per_b
+        pt, ob = t // n_b, (t % n_b) * per_b
+        p0, o_end = pt * TILE_P, min(o, ob + per_b)
         for kk in range(0, k4, BLOCK_K4):
             n4 = min(BLOCK_K4, k4 - kk)
-            for o0 in range(ob, min(o, ob + per_b), TILE_O):
-                _tile_rows(min(TILE_O, o - o0), wa + o0 * k + kk * 4, k, xa + (kk * mp + p0) * 4,
-                           mp * 4, ca + (o0 * ldc + p0) * 4, ldc * 4, n4, kk)
+            if pt < n_full:
+                for o0 in range(ob, o_end, TILE_O):
+                    _tile_rows(min(TILE_O, o - o0), wa + o0 * k + kk * 4, k, xa + (kk * mp + p0) * 4,
+                               mp * 4, ca + (o0 * ldc + p0) * 4, ldc * 4, n4, kk)
+            else:
+                for o0 in range(ob, o_end, narrow_o):
+                    _narrow_tile(nv, min(narrow_o, o_end - o0), wa + o0 * k + kk * 4, k,
+                                 xa + (kk * mp + p0) * 4, mp * 4, ca + (o0 * ldc + p0) * 4, ldc * 4,
+                                 n4, kk)
 
 
 @kernel
@@ -336,25 +414,33 @@ def _word(xf, a0, a1, a2, a3, u):
             | (np.uint32(xf[a3 + u]) << 24))
 
 
-@kernel
-def pack_cols(xp, xpad, n, c, hp, wp, kh, kw, sh, sw, dh, dw, ho, wo, pitch):
-    """xpad from `pad_shift` (N images (C, Hp, Wp)) -> xp (ceil(K/4), Mp) u32: byte q of
-    xp[k4, b*P + p] is the input under column k = 4*k4 + q (OIHW order) of output pixel p's
-    receptive field. Columns from N*P on are left as they are (their sums go unread).
+def pixel_offsets(ho: int, wo: int, sh: int, sw: int, wp: int) -> np.ndarray:
+    """Offsets in a padded image (width wp) of each output pixel's window, row-major: the
+    table `pack_cols` reads pixels by when they are not one contiguous run."""
+    oh, ow = np.meshgrid(np.arange(ho), np.arange(wo), indexing="ij")
+    return (oh * sh * wp + ow * sw).reshape(-1).astype(np.int64)
 
-    Pixels: pitch Wp (stride 1 only): P = Ho*Wp, output (oh, ow) at oh*Wp + ow: columns ow >= Wo are
-    junk the epilogue skips, and in exchange a column's inputs for a whole image are one
-    contiguous run of the padded image, so the loop is long and vectorizes (the four-byte
-    interleave). xpad needs (kw-1)*dw bytes of slack after the last image for the junk.
-    Pitch Wo: P = Ho*Wo, one row of output pixels per loop.
+
+@kernel
+def pack_cols(xp, xpad, n, c, hp, wp, kh, kw, dh, dw, pix, poffs):
+    """xpad from `pad_shift` (N images (C, Hp, Wp)) -> xp (ceil(K/4), Mp) u32: byte q of
+    xp[k4, b*pix + t] is the input under column k = 4*k4 + q (OIHW order) of output pixel t's
+    receptive field. Columns from N*pix on are left as they are (their sums go unread).
+
+    Pixels: with poffs empty (stride 1 at a pitch of Wp), pix = Ho*Wp and output (oh, ow) is
+    pixel oh*Wp + ow: columns ow >= Wo are junk the epilogue skips, and in exchange a
+    column's inputs for a whole image are one contiguous run of the padded image, so the loop
+    is long and vectorizes (the four-byte interleave). xpad needs (kw-1)*dw bytes of slack
+    after the last image for the junk. Otherwise pix = Ho*Wo, pixel t's window at poffs[t]
+    (`pixel_offsets`): one loop over an image's pixels, where a loop per output row of 4 or 8
+    cost more than the words it wrote.
     """
     k4n, mp = xp.shape
     khw = kh * kw
     k = c * khw
     img = np.uint64(c * hp * wp)
     of = xp.reshape(-1)
-    flat = sh == 1 and sw == 1 and pitch == wp
-    pix = ho * pitch
+    flat = poffs.shape[0] == 0
     for k4 in prange(k4n):
         # NOTE: columns past K (K % 4 != 0) meet zero weights (`pad_weights`): any byte will
         # do, so they repeat the last column rather than read outside the images
@@ -365,18 +451,14 @@ def pack_cols(xp, xpad, n, c, hp, wp, kh, kw, sh, sw, dh, dw, ho, wo, pitch):
         for b in range(n):
             base = np.uint64(b) * img
             dst = np.uint64(k4 * mp + b * pix)
+            b0, b1, b2, b3 = base + a0, base + a1, base + a2, base + a3
             if flat:
-                b0, b1, b2, b3 = base + a0, base + a1, base + a2, base + a3
                 for t in range(pix):
                     u = np.uint64(t)
                     of[dst + u] = _word(xpad, b0, b1, b2, b3, u)
-                continue
-            for oh in range(ho):
-                r = base + np.uint64(oh * sh * wp)
-                b0, b1, b2, b3 = r + a0, r + a1, r + a2, r + a3
-                d = dst + np.uint64(oh * wo)
-                for ow in range(wo):
-                    of[d + np.uint64(ow)] = _word(xpad, b0, b1, b2, b3, np.uint64(ow * sw))
+            else:
+                for t in range(pix):
+                    of[dst + np.uint64(t)] = _word(xpad, b0, b1, b2, b3, np.uint64(poffs[t]))
 
 
 @njit(cache=True)
@@ -390,15 +472,61 @@ def pad_weights(wp, w):
             wp[i, j] = 0
 
 
+@njit(cache=True, inline="always")
+def _epilogue_run(c, cf, oc, count, badj, mo, y_zp, lo, to_int8, relu):
+    """c[oc, :count] = the epilogue of c + badj, in place: int8 codes as int32 (to_int8) or
+    float32 into cf (c's memory). One long contiguous loop: it vectorizes."""
+    if to_int8:
+        for j in range(count):
+            c[oc, j] = np.int32(_epilogue(np.int64(c[oc, j]) + badj, mo, y_zp, lo, to_int8, relu))
+    else:
+        for j in range(count):
+            cf[oc, j] = np.float32(_epilogue(np.int64(c[oc, j]) + badj, mo, y_zp, lo, to_int8, relu))
+
+
+@njit(cache=True, inline="always")
+def _copy_channel(of, cflat, fflat, oc, n, o, hw, ldc, rows, pitch, per_image, to_int8):
+    """Channel oc of out (N, O, Ho, Wo) flat (of) <- the epilogue's results in c (O, ldc)
+    flat (cflat; fflat when float32): image b's row i at column b*per_image + i*pitch of c's
+    row oc, rows of hw/rows. Flat arrays and no divisions: on a 4x4 map a reshape or an
+    integer division per plane cost more than the plane's copy."""
+    width = hw // rows
+    for b in range(n):
+        dst0 = np.uint64((b * o + oc) * hw)
+        for i in range(rows):
+            src = np.uint64(oc * ldc + b * per_image + i * pitch)
+            dst = dst0 + np.uint64(i * width)
+            if to_int8:
+                for j in range(width):
+                    of[dst + np.uint64(j)] = cflat[src + np.uint64(j)]
+            else:
+                for j in range(width):
+                    of[dst + np.uint64(j)] = fflat[src + np.uint64(j)]
+
+
 @kernel
-def requant_cols(out, c, pitch, bias, m, to_int8, y_zp, lo, relu):
-    """c (O, Mp) i32, image b's output row oh at column (b*Ho + oh)*pitch (see pack_cols) ->
-    out (N, O, Ho, Wo) i8 or f32 = epilogue(c + bias[o]) as in kernels_int8 (bias: b_q -
-    (x_zp + 128) * wsum). Flat unsigned indices, so the rows vectorize."""
+def requant_cols(out, c, cf, pitch, bias, m, to_int8, y_zp, lo, relu):
+    """c (O, Mp) i32 (cf: the same memory as float32), image b's output row oh at column
+    (b*Ho + oh)*pitch (see pack_cols) -> out (N, O, Ho, Wo) i8 or f32 = epilogue(c + bias[o])
+    as in kernels_int8 (bias: b_q - (x_zp + 128) * wsum). May overwrite c.
+
+    NOTE: int8 rows narrower than 16 take two passes: the epilogue in place along c's rows
+    (junk columns included), then a copy of the real pixels. In one pass, 4x4 maps cost 3.1
+    ns an output (scalar loop tails, a float-to-byte conversion each); two passes 1.4. Wider
+    rows and float32 outputs vectorize in one pass, and a second pass over c costs more.
+    """
     n, o, ho, wo = out.shape
     mp = c.shape[1]
-    cf, of = c.reshape(-1), out.reshape(-1)
     rows, width = (1, ho * wo) if pitch == wo else (ho, wo)
+    of, cflat, fflat = out.reshape(-1), c.reshape(-1), cf.reshape(-1)
+    if to_int8 and width < 16:
+        # NOTE: two loops over the channels, not one: the copy's loads right after the
+        # epilogue's wider stores missed store forwarding (3x slower at batch 1)
+        for oc in prange(o):
+            _epilogue_run(c, cf, oc, n * ho * pitch, bias[oc], m[oc], y_zp, lo, to_int8, relu)
+        for oc in prange(o):
+            _copy_channel(of, cflat, fflat, oc, n, o, ho * wo, mp, rows, pitch, ho * pitch, to_int8)
+        return
     for r in prange(n * o):
         b, oc = r // o, r % o
         badj, mo = bias[oc], m[oc]
@@ -407,51 +535,49 @@ def requant_cols(out, c, pitch, bias, m, to_int8, y_zp, lo, relu):
             dst = np.uint64((r * ho + i) * wo)
             for j in range(width):
                 u = np.uint64(j)
-                of[dst + u] = _epilogue(np.int64(cf[src + u]) + badj, mo, y_zp, lo, to_int8, relu)
+                of[dst + u] = _epilogue(np.int64(cflat[src + u]) + badj, mo, y_zp, lo, to_int8, relu)
 
 
 @kernel
-def requant_cols_pool(out, c, hc, pitch, kh, kw, sh, sw, bias, m, to_int8, y_zp, lo, relu):
+def requant_cols_pool(out, c, cf, hc, pitch, kh, kw, sh, sw, bias, m, to_int8, y_zp, lo, relu):
     """`requant_cols` with a fused unpadded maxpool: image b's hc conv rows of `pitch` columns
     -> out (N, O, Ho, Wo), the epilogue of the max over each kh x kw window (exact: the
-    epilogue is non-decreasing in the sum, see kernels_int8.requant_sum_pool). A 2x2 pool
-    overwrites c."""
+    epilogue is non-decreasing in the sum, see kernels_int8.requant_sum_pool). Overwrites c.
+
+    NOTE: per channel, the window maxima are written in place, compacted to the row's start
+    (output (b, t) at column b*Ho*Wo + t: every later window lies at or past its own output's
+    column, which is past every column written so far); then one long epilogue loop over them
+    and a copy of whole planes. Inside rows of Wo (2-14) the epilogue ran mostly in scalar
+    loop tails."""
     n, o, ho, wo = out.shape
-    mp = c.shape[1]
-    cf, of = c.reshape(-1), out.reshape(-1)
     w1 = np.uint64(pitch)
     one = np.uint64(1)
-    for r in prange(n * o):
-        b, oc = r // o, r % o
-        badj, mo = bias[oc], m[oc]
-        plane = np.uint64(oc * mp + b * hc * pitch)
-        if kh == 2 and kw == 2:
-            # NOTE: the common pool in two passes: the window maxima in place at the plane's
-            # start (output t is written at index t; every read of it and of later outputs
-            # lies at or after t), then one long epilogue loop that vectorizes. Inside rows of
-            # Wo (7 or 14) the epilogue ran mostly in scalar loop tails, ~2.3 ns an output.
+    ldc = c.shape[1]
+    of, cflat, fflat = out.reshape(-1), c.reshape(-1), cf.reshape(-1)
+    for oc in prange(o):
+        row = np.uint64(oc * ldc)
+        for b in range(n):
+            plane = row + np.uint64(b * hc * pitch)
             for oh in range(ho):
                 src = plane + np.uint64(oh * sh * pitch)
-                dst = plane + np.uint64(oh * wo)
+                dst = row + np.uint64((b * ho + oh) * wo)
+                if kh == 2 and kw == 2:
+                    for ow in range(wo):
+                        a = src + np.uint64(ow * sw)
+                        cflat[dst + np.uint64(ow)] = max(max(cflat[a], cflat[a + one]),
+                                                         max(cflat[a + w1], cflat[a + w1 + one]))
+                    continue
                 for ow in range(wo):
                     a = src + np.uint64(ow * sw)
-                    cf[dst + np.uint64(ow)] = max(max(cf[a], cf[a + one]),
-                                                  max(cf[a + w1], cf[a + w1 + one]))
-            out0 = np.uint64(r * ho * wo)
-            for t in range(ho * wo):
-                u = np.uint64(t)
-                of[out0 + u] = _epilogue(np.int64(cf[plane + u]) + badj, mo, y_zp, lo, to_int8, relu)
-            continue
-        for oh in range(ho):
-            src = np.uint64(oc * mp + (b * hc + oh * sh) * pitch)
-            dst = np.uint64((r * ho + oh) * wo)
-            for ow in range(wo):
-                a = src + np.uint64(ow * sw)
-                best = cf[a]
-                for i in range(kh):
-                    for j in range(kw):
-                        best = max(best, cf[a + np.uint64(i * pitch + j)])
-                of[dst + np.uint64(ow)] = _epilogue(np.int64(best) + badj, mo, y_zp, lo, to_int8, relu)
+                    best = cflat[a]
+                    for i in range(kh):
+                        for j in range(kw):
+                            best = max(best, cflat[a + np.uint64(i * pitch + j)])
+                    cflat[dst + np.uint64(ow)] = best
+    for oc in prange(o):
+        _epilogue_run(c, cf, oc, n * ho * wo, bias[oc], m[oc], y_zp, lo, to_int8, relu)
+    for oc in prange(o):
+        _copy_channel(of, cflat, fflat, oc, n, o, ho * wo, ldc, 1, 0, ho * wo, to_int8)
 
 
 @kernel

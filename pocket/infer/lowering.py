@@ -63,6 +63,10 @@ _U_SKEW = 16
 # With AVX-512 VNNI (kernels_vnni), a linear with at least this many rows packs them for the
 # channel x pixel tiles; fewer rows take the dot-product kernel along K.
 VNNI_TILE_ROWS = 16
+# ... and a stride-1 conv whose output is at most this wide packs its columns at a pitch of Wo
+# (no junk columns) rather than Wp: on 4x4 and 8x8 maps the junk (33%, 20%) cost the GEMM
+# more than packing by a pixel table costs (cnn_cifar int8 at batch 1: 1021 -> 940 us)
+VNNI_PITCH_MAX_WO = 8
 # conv routes whose epilogue can write a following maxpool's output (int8: only on its float32
 # route, i.e. groups 1 and enough rows; the builders check)
 POOL_FUSING_KINDS = ("int8", "im2col", "gemm", "gemm_pitch", "vnni", "winograd", "fma_pitch", "fma_cols")
@@ -110,8 +114,8 @@ def _aligned(nbytes: int) -> int:
 
 
 def _tile_cols(rows: int) -> int:
-    """Columns of a VNNI packed operand: rows rounded up to whole 64-pixel tiles."""
-    return -(-rows // kv.TILE_P) * kv.TILE_P
+    """Columns of a VNNI packed operand: rows rounded up to whole vectors of 16 pixels."""
+    return -(-rows // kv.COL_ALIGN) * kv.COL_ALIGN
 
 
 def _vnni_rows_bytes(n: int, o: int, k: int) -> tuple[int, int]:
@@ -169,10 +173,8 @@ def _conv_geometry(eng: Engine, node: Node) -> dict:
 def _pitch_geometry(eng: Engine, node: Node, geom: tuple) -> dict:
     """Where a conv's packed inputs put its output pixels: stride 1 at a pitch of Wp, the
     padded width, so that each packed row is one contiguous run of the padded images (junk
-    columns ow >= Wo included, see kernels_vnni.pack_cols); otherwise at a pitch of Wo.
-
-    NOTE: even on 4x4 maps the junk costs the GEMM less than row-by-row packing costs.
-    """
+    columns ow >= Wo included, see kernels_vnni.pack_cols); otherwise at a pitch of Wo (and
+    the VNNI route takes Wo for narrow maps too, see VNNI_PITCH_MAX_WO)."""
     c, h, w = eng._sample[node.inputs[0]]
     kh, kw, sh, sw, ph, pw, dh, dw = geom
     hp, wp = h + 2 * ph, w + 2 * pw
@@ -192,6 +194,12 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         d["w2"] = w.reshape(o, k)
         d["kind"] = "vnni"
         d.update(_pitch_geometry(eng, node, d["geom"]))
+        ho = d["pix"] // d["pitch"]
+        wo = d["p"] // ho
+        if wo <= VNNI_PITCH_MAX_WO:
+            d["pitch"], d["pix"] = wo, d["p"]
+        flat = (sh, sw) == (1, 1) and d["pitch"] == d["wp"]  # one run per image: no table
+        d["poffs"] = np.zeros(0, np.int64) if flat else kv.pixel_offsets(ho, wo, sh, sw, d["wp"])
         per_image = (k + 4 * o) * d["pix"] + d["padded"]
         d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
         d["k4"] = -(-k // 4)
@@ -418,12 +426,13 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             epi = (d["bias_u8"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
             ho, wo = y.shape[2:]
             calls += [partial(kv.pad_shift, xpad, xs.view(np.uint8), ph, pw, a["x_zero_point"] + 128),
-                      partial(kv.pack_cols, xp, xpad, m, xs.shape[1], hp, wp, kh, kw, sh, sw, dh, dw,
-                              ho, wo, d["pitch"]),
+                      partial(kv.pack_cols, xp, xpad, m, xs.shape[1], hp, wp, kh, kw, dh, dw, pix,
+                              d["poffs"]),
                       partial(kv.gemm_cols, c, w2, xp),
-                      partial(kv.requant_cols, y[start:start + m], c, d["pitch"], *epi) if pool is None
-                      else partial(kv.requant_cols_pool, pool[start:start + m], c, ho, d["pitch"],
-                                   *pool_geom, *epi)]
+                      partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32), d["pitch"], *epi)
+                      if pool is None else
+                      partial(kv.requant_cols_pool, pool[start:start + m], c, c.view(np.float32), ho,
+                              d["pitch"], *pool_geom, *epi)]
         elif d["kind"] == "int8" and g == 1 and n * p >= F32_ROUTE_ROWS:
             if start == 0:
                 calls.append(partial(np.copyto, eng._scratch(step, np.float32, (o, k)), d["w2"]))

@@ -20,14 +20,18 @@ def _codes(shape, lo=-128):
 
 
 def _cols(m: int) -> int:
-    return -(-m // kv.TILE_P) * kv.TILE_P
+    return -(-m // kv.COL_ALIGN) * kv.COL_ALIGN
 
 
 @needs_vnni
 @pytest.mark.parametrize("o,k,m", [(1, 4, 1), (3, 8, 65), (4, 12, 64), (7, 260, 130),
-                                   (9, 1028, 3), (5, 4 * (kv.BLOCK_K4 * 2 + 3), 200)])
+                                   (9, 1028, 3), (5, 4 * (kv.BLOCK_K4 * 2 + 3), 200),
+                                   (17, 8, 16), (9, 20, 96), (11, 260, 48), (6, 12, 176),
+                                   (40, 4 * (kv.BLOCK_K4 * 2 + 3), 24)])
 def test_gemm_cols(o, k, m):
-    """Channel tiles of 1-4 rows, pixel tails, K across several BLOCK_K4 passes; extreme codes."""
+    """Channel tiles of 1-4 rows, narrow last tiles of 16, 32 and 48 pixels over 16, 8 and 5
+    channels (and their channel tails), channel blocks, K across several BLOCK_K4 passes;
+    extreme codes."""
     w, x = _codes((o, k), lo=-127), _codes((m, k))
     w[0], x[0] = -127, 127  # the largest products
     xp = np.full((k // 4, _cols(m)), 0xDEADBEEF, np.uint32)  # junk columns must stay harmless
@@ -72,21 +76,25 @@ def _naive_cols(x, kh, kw, sh, sw, ph, pw, dh, dw, pad):
                                   (3, 2, 2, 1, 1, 0, 1, 1), (3, 3, 1, 1, 2, 1, 2, 2),
                                   (5, 5, 2, 2, 2, 2, 1, 1)])
 @pytest.mark.parametrize("c", [1, 3, 4])
-def test_pad_pack_gemm_is_a_convolution(geom, c):
+@pytest.mark.parametrize("by_table", [False, True])
+def test_pad_pack_gemm_is_a_convolution(geom, c, by_table):
     """pad_shift + pack_cols (+ pad_weights for K % 4 != 0) + gemm_cols + requant_cols: the
-    sums equal the naive convolution at every real pixel, for both pixel pitches."""
+    sums equal the naive convolution at every real pixel, for both pixel pitches (a stride-1
+    conv packed by pixel table too, as narrow maps are)."""
     kh, kw, sh, sw, ph, pw, dh, dw = geom
     n, h, w, o, zp = 2, 7, 9, 5, -3
     x, wt = _codes((n, c, h, w)), _codes((o, c * kh * kw), lo=-127)
     hp, wp = h + 2 * ph, w + 2 * pw
     ho = (hp - dh * (kh - 1) - 1) // sh + 1
     wo = (wp - dw * (kw - 1) - 1) // sw + 1
-    pitch = wp if (sh, sw) == (1, 1) else wo
+    flat = (sh, sw) == (1, 1) and not by_table
+    pitch = wp if flat else wo
+    poffs = np.zeros(0, np.int64) if flat else kv.pixel_offsets(ho, wo, sh, sw, wp)
     k4 = -(-c * kh * kw // 4)
     xpad = np.zeros(n * c * hp * wp + (kw - 1) * dw + 1, np.uint8)
     kv.pad_shift(xpad, x.view(np.uint8), ph, pw, zp + 128)
     xp = np.zeros((k4, _cols(n * ho * pitch)), np.uint32)
-    kv.pack_cols(xp, xpad, n, c, hp, wp, kh, kw, sh, sw, dh, dw, ho, wo, pitch)
+    kv.pack_cols(xp, xpad, n, c, hp, wp, kh, kw, dh, dw, ho * pitch, poffs)
     w4 = np.full((o, 4 * k4), 99, np.int8)
     kv.pad_weights(w4, wt)
     assert np.array_equal(w4[:, :wt.shape[1]], wt) and not w4[:, wt.shape[1]:].any()
@@ -97,8 +105,29 @@ def test_pad_pack_gemm_is_a_convolution(geom, c):
     assert np.array_equal(got, want)
     # the epilogue reads the same pitch: with m = 1 and no rounding it returns the sums
     out = np.zeros((n, o, ho, wo), np.float32)
-    kv.requant_cols(out, c32, pitch, np.zeros(o, np.int64), np.ones(o), False, 0.0, -128.0, False)
+    kv.requant_cols(out, c32, c32.view(np.float32), pitch, np.zeros(o, np.int64), np.ones(o), False,
+                    0.0, -128.0, False)
     assert np.array_equal(out, want.transpose(0, 3, 1, 2).astype(np.float32))
+
+
+@needs_vnni
+@pytest.mark.parametrize("to_int8", [True, False])
+@pytest.mark.parametrize("ho,wo,pitch", [(4, 4, 6), (3, 5, 5), (2, 20, 22), (2, 17, 17)])
+def test_requant_cols(to_int8, ho, wo, pitch):
+    """The epilogue over c's pixel-pitched columns equals NumPy's on the real pixels: narrow
+    int8 rows (two passes) and wide or float32 ones (one pass)."""
+    n, o, relu = 3, 5, True
+    c = RNG.integers(-(2**20), 2**20, (o, _cols(n * ho * pitch))).astype(np.int32)
+    bias, m = RNG.integers(-500, 500, o).astype(np.int64), RNG.random(o) * 1e-4
+    acc = c[:, :n * ho * pitch].reshape(o, n, ho, pitch)[..., :wo].transpose(1, 0, 2, 3).astype(np.int64)
+    v = (acc + bias[:, None, None]) * m[:, None, None]
+    if to_int8:
+        want = np.clip(np.rint(v) - 7, -7, 127).astype(np.int8)
+    else:
+        want = np.maximum(v.astype(np.float32), 0)
+    out = np.zeros((n, o, ho, wo), want.dtype)
+    kv.requant_cols(out, c, c.view(np.float32), pitch, bias, m, to_int8, -7.0, -7.0, relu)
+    assert np.array_equal(out, want)
 
 
 @needs_vnni
@@ -111,7 +140,7 @@ def test_requant_cols_pool(k, s):
     ho, wo = (hc - k[0]) // s[0] + 1, (wc - k[1]) // s[1] + 1
     out = np.zeros((n, o, ho, wo), np.int8)
     sums = c.copy()  # a 2x2 pool works in place in c
-    kv.requant_cols_pool(out, c, hc, pitch, *k, *s, bias, m, True, 5.0, -128.0, False)
+    kv.requant_cols_pool(out, c, c.view(np.float32), hc, pitch, *k, *s, bias, m, True, 5.0, -128.0, False)
     acc = sums[:, :n * hc * pitch].reshape(o, n, hc, pitch)[..., :wc].transpose(1, 0, 2, 3)
     y = np.clip(np.rint((acc + bias[:, None, None]) * m[:, None, None]) + 5, -128, 127)
     want = np.full((n, o, ho, wo), -128.0)
