@@ -33,7 +33,7 @@ from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import activate
-from pocket.infer.kernels_vnni import _const, _loop, _ptr, host_has
+from pocket.infer.kernels_vnni import _const, _loop, _ptr, _row_at, host_has
 
 TILE_O, TILE_P = 8, 32  # a tile's channels and pixels; 16 accumulators leave room for loads
 HALF_P = 16  # pixels of a half tile: a GEMM's last one, when its width is 16 past a multiple of 32
@@ -43,14 +43,6 @@ AVAILABLE = host_has("POCKET_FP32_FMA", ("avx512f", "fma"))
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VF, _VI = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
-
-
-def _row_at(builder, base, r: int, rows, stride):
-    """base + min(r, rows - 1) * stride: a row past the valid ones repeats the last valid one
-    (it is computed and never stored, so a tail needs no kernel of its own)."""
-    rr = builder.select(builder.icmp_signed("<", _const(r), rows), _const(r),
-                        builder.sub(rows, _const(1)))
-    return builder.add(base, builder.mul(rr, stride))
 
 
 def _make_tile(nv: int):

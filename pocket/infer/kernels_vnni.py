@@ -117,52 +117,6 @@ def _loop(builder, count, carried, body):
     return out
 
 
-def _make_tile(rows: int):
-    """c[r, 0:64] (+)= sum over k4 < n4 of w[r, 4k4:4k4+4] . xp[k4, 0:64, :] for r < rows.
-
-    Addresses in bytes: w (rows of ldw), xp (k4 rows of ldx), c (rows of ldc, int32). With
-    acc != 0 the sums start from c (a later block of K), else from zero.
-    """
-    nv = TILE_P // 16
-
-    @intrinsic
-    def tile(typingctx, w, ldw, xp, ldx, c, ldc, n4, acc):
-        sig = types.void(*[types.intp] * 8)
-
-        def codegen(context, builder, signature, args):
-            w, ldw, xp, ldx, c, ldc, n4, acc = args
-            dp = _vpdpbusd(builder)
-            start = builder.icmp_signed("!=", acc, _const(0))
-            c_at = [[builder.add(builder.add(c, builder.mul(_const(r), ldc)), _const(64 * v))
-                     for v in range(nv)] for r in range(rows)]
-            init = [builder.select(start, builder.load(_ptr(builder, a, _V16), align=4),
-                                   ir.Constant(_V16, None)) for row in c_at for a in row]
-
-            def step(i, accs):
-                xrow = builder.add(xp, builder.mul(i, ldx))
-                xs = [builder.load(_ptr(builder, builder.add(xrow, _const(64 * v)), _V16), align=4)
-                      for v in range(nv)]
-                woff = builder.add(w, builder.mul(i, _const(4)))
-                out = []
-                for r in range(rows):
-                    word = builder.load(_ptr(builder, builder.add(woff, builder.mul(_const(r), ldw)),
-                                             _I32), align=1)
-                    wb = builder.insert_element(ir.Constant(_V16, ir.Undefined), word, ir.Constant(_I32, 0))
-                    wb = builder.shuffle_vector(wb, ir.Constant(_V16, ir.Undefined), ir.Constant(_V16, None))
-                    # NOTE: operand order: the second is read as unsigned bytes, the third as signed
-                    out += [builder.call(dp, [accs[r * nv + v], xs[v], wb]) for v in range(nv)]
-                return out
-
-            final = _loop(builder, n4, init, step)
-            for a, v in zip((a for row in c_at for a in row), final):
-                builder.store(v, _ptr(builder, a, _V16), align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return tile
-
-
 def _make_dot(rows: int):
     """c[r] = sum over j < k of xu[j] * w[r, j] for r < rows (int32, 4 bytes apart).
 
@@ -223,15 +177,20 @@ def _row_at(builder, base, r: int, rows, stride):
     return builder.add(base, builder.mul(rr, stride))
 
 
-def _make_narrow(nv: int):
-    """`_tile` for a GEMM's last pixels, 16*nv of them (nv < 4), over 16 // nv channels so that
-    it keeps as many accumulators busy: c[r, 0:16nv] (+)= sum over k4 < n4 of w[r, 4k4:4k4+4]
-    . xp[k4, 0:16nv, :] for r < rows (1..16 // nv). Small maps end in such a tile: a 4x4 map's
-    24 pixel-pitched columns at batch 1 filled 24 of a 64-pixel tile's columns."""
+def _make_tile(nv: int):
+    """c[r, 0:16nv] (+)= sum over k4 < n4 of w[r, 4k4:4k4+4] . xp[k4, 0:16nv, :] for r < rows
+    (1..16 // nv): 16 accumulators (12 for nv = 3), one vpdpbusd each per step.
+
+    Addresses in bytes: w (rows of ldw), xp (k4 rows of ldx), c (rows of ldc, int32). With
+    acc != 0 the sums start from c (a later block of K), else from zero. nv = 4 is the GEMM's
+    tile of 64 pixels over 4 channels; 1-3 are its last, narrow one over 16, 8 or 5 channels
+    (small maps end in it: a 4x4 map's 24 pixel-pitched columns at batch 1 filled 24 of a
+    64-pixel tile's).
+    """
     tile_o = 16 // nv
 
     @intrinsic
-    def narrow(typingctx, w, ldw, xp, ldx, c, ldc, n4, acc, rows):
+    def tile(typingctx, w, ldw, xp, ldx, c, ldc, n4, acc, rows):
         sig = types.void(*[types.intp] * 9)
 
         def codegen(context, builder, signature, args):
@@ -266,34 +225,23 @@ def _make_narrow(nv: int):
 
         return sig, codegen
 
-    return narrow
+    return tile
 
 
-_tile1, _tile2, _tile3, _tile4 = (_make_tile(r) for r in (1, 2, 3, 4))
-_narrow1, _narrow2, _narrow3 = (_make_narrow(nv) for nv in (1, 2, 3))
+_tile16, _tile32, _tile48, _tile64 = (_make_tile(nv) for nv in (1, 2, 3, 4))
 _dot1, _dot2, _dot3, _dot4 = (_make_dot(r) for r in (1, 2, 3, 4))
 
 
 @njit(cache=True, inline="always")
-def _tile_rows(rows, w, ldw, xp, ldx, c, ldc, n4, acc):
-    if rows == 4:
-        _tile4(w, ldw, xp, ldx, c, ldc, n4, acc)
-    elif rows == 3:
-        _tile3(w, ldw, xp, ldx, c, ldc, n4, acc)
-    elif rows == 2:
-        _tile2(w, ldw, xp, ldx, c, ldc, n4, acc)
-    else:
-        _tile1(w, ldw, xp, ldx, c, ldc, n4, acc)
-
-
-@njit(cache=True, inline="always")
-def _narrow_tile(nv, rows, w, ldw, xp, ldx, c, ldc, n4, acc):
-    if nv == 1:
-        _narrow1(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+def _tile_nv(nv, rows, w, ldw, xp, ldx, c, ldc, n4, acc):
+    if nv == 4:
+        _tile64(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+    elif nv == 1:
+        _tile16(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
     elif nv == 2:
-        _narrow2(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+        _tile32(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
     else:
-        _narrow3(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+        _tile48(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
 
 
 @njit(cache=True, inline="always")
@@ -335,15 +283,10 @@ def gemm_cols(c, w, xp):
         p0, o_end = pt * TILE_P, min(o, ob + per_b)
         for kk in range(0, k4, BLOCK_K4):
             n4 = min(BLOCK_K4, k4 - kk)
-            if pt < n_full:
-                for o0 in range(ob, o_end, TILE_O):
-                    _tile_rows(min(TILE_O, o - o0), wa + o0 * k + kk * 4, k, xa + (kk * mp + p0) * 4,
-                               mp * 4, ca + (o0 * ldc + p0) * 4, ldc * 4, n4, kk)
-            else:
-                for o0 in range(ob, o_end, narrow_o):
-                    _narrow_tile(nv, min(narrow_o, o_end - o0), wa + o0 * k + kk * 4, k,
-                                 xa + (kk * mp + p0) * 4, mp * 4, ca + (o0 * ldc + p0) * 4, ldc * 4,
-                                 n4, kk)
+            tnv, to = (TILE_P // 16, TILE_O) if pt < n_full else (nv, narrow_o)
+            for o0 in range(ob, o_end, to):
+                _tile_nv(tnv, min(to, o_end - o0), wa + o0 * k + kk * 4, k, xa + (kk * mp + p0) * 4,
+                         mp * 4, ca + (o0 * ldc + p0) * 4, ldc * 4, n4, kk)
 
 
 @kernel
@@ -591,13 +534,7 @@ def requant_cols_t(out, c, cf, bias, m, to_int8, y_zp, lo, relu):
     engine, else 256 rows 256 bytes apart share a few L1 sets."""
     n, o = out.shape
     for oc in prange(o):
-        badj, mo = bias[oc], m[oc]
-        if to_int8:
-            for i in range(n):
-                c[oc, i] = np.int32(_epilogue(np.int64(c[oc, i]) + badj, mo, y_zp, lo, to_int8, relu))
-        else:
-            for i in range(n):
-                cf[oc, i] = np.float32(_epilogue(np.int64(c[oc, i]) + badj, mo, y_zp, lo, to_int8, relu))
+        _epilogue_run(c, cf, oc, n, bias[oc], m[oc], y_zp, lo, to_int8, relu)
     for i in prange(n):
         if to_int8:
             for oc in range(o):
