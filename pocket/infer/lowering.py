@@ -181,7 +181,7 @@ def _pitch_geometry(eng: Engine, node: Node, geom: tuple) -> dict:
     ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
     pitch = wp if (sh, sw) == (1, 1) else wo
     # padded: elements of one padded image; slack: junk reads past the last one
-    return {"hp": hp, "wp": wp, "pitch": pitch, "pix": ho * pitch, "padded": c * hp * wp,
+    return {"hp": hp, "wp": wp, "ho": ho, "wo": wo, "pitch": pitch, "pix": ho * pitch, "padded": c * hp * wp,
             "slack": (kw - 1) * dw + 1}
 
 
@@ -194,8 +194,7 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         d["w2"] = w.reshape(o, k)
         d["kind"] = "vnni"
         d.update(_pitch_geometry(eng, node, d["geom"]))
-        ho = d["pix"] // d["pitch"]
-        wo = d["p"] // ho
+        ho, wo = d["ho"], d["wo"]
         if wo <= VNNI_PITCH_MAX_WO:
             d["pitch"], d["pix"] = wo, d["p"]
         flat = (sh, sw) == (1, 1) and d["pitch"] == d["wp"]  # one run per image: no table
