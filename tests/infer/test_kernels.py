@@ -440,6 +440,7 @@ def test_conv_maxpool_winograd(k, s, hw, monkeypatch, fp32_route):
     from pocket.infer import lowering
 
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C_FMA", 4)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 1)
     params = _conv_params(4, 6, 3, 3, 1)
     x = RNG.standard_normal((3, 4, *hw)).astype(np.float32)
@@ -454,6 +455,7 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     from pocket.infer import lowering
 
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C_FMA", 4)
     gemm = {"fma": "fma_cols", "blas": "gemm"}[fp32_route]
     pointwise = {"fma": "fma_pitch", "blas": "pointwise"}[fp32_route]
     for name, want in (("3x3-pad", "winograd"), ("dilation", gemm), ("1x1", pointwise),
@@ -477,6 +479,7 @@ def test_winograd_falls_back_on_few_tiles(monkeypatch):
     from pocket.infer import lowering
 
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C_FMA", 4)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 20)  # 4x4 tiles an image: n=1 falls back
     params = _conv_params(4, 3, 3, 3, 1)
     node = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {"padding": [1, 1]})
@@ -516,3 +519,37 @@ def test_quantize_ties_and_extremes_exact(scale, zp):
     out = np.zeros(x.shape, np.int8)
     ki.quantize(out, x, scale, zp)
     assert np.array_equal(out, qm.quantize(x, scale, zp))
+
+
+def _naive_im2col(x, kh, kw, ph, pw, dh, dw, pad):
+    """(N, C*kh*kw, H*W) for a stride-1 conv that keeps the size: row (c, i, j) of image b."""
+    n, c, h, w = x.shape
+    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), pad, np.float64)
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    rows = [xp[:, :, i * dh:i * dh + h, j * dw:j * dw + w] for i in range(kh) for j in range(kw)]
+    return np.stack(rows, axis=2).reshape(n, c * kh * kw, h * w)
+
+
+@pytest.mark.parametrize("geom", [(3, 3, 1, 1, 1, 1), (1, 1, 0, 0, 1, 1), (5, 3, 2, 1, 1, 1),
+                                  (3, 3, 2, 2, 2, 2), (3, 5, 1, 4, 1, 2)])
+@pytest.mark.parametrize("hw", [(4, 4), (8, 8), (3, 7), (1, 5)])
+@pytest.mark.parametrize("n", [1, 3])
+def test_im2col_same(geom, hw, n):
+    """im2col_same (one masked run a row) equals a naive im2col from a padded copy, in both
+    layouts (one wide GEMM: rows K, images side by side; per image: rows b*K + k), int8 in
+    with a zero-point pad too."""
+    kh, kw, ph, pw, dh, dw = geom
+    x = RNG.standard_normal((n, 2, *hw)).astype(np.float32)
+    valid = kf.same_valid(*hw, kh, kw, ph, pw, dh, dw)
+    k, p = 2 * kh * kw, hw[0] * hw[1]
+    want = _naive_im2col(x, kh, kw, ph, pw, dh, dw, 0.0)
+    wide = np.full((k, n * p + 5), np.nan, np.float32)
+    kf.im2col_same(wide, x, valid, kh, kw, ph, pw, dh, dw, np.float32(0), 0, p)
+    assert np.array_equal(wide[:, :n * p], want.transpose(1, 0, 2).reshape(k, n * p))
+    per = np.full((n * k, p), np.nan, np.float32)
+    kf.im2col_same.serial(per, x, valid, kh, kw, ph, pw, dh, dw, np.float32(0), k, 0)
+    assert np.array_equal(per, want.reshape(n * k, p))
+    xq = RNG.integers(-128, 128, x.shape).astype(np.int8)
+    kf.im2col_same(wide, xq, valid, kh, kw, ph, pw, dh, dw, np.float32(-7), 0, p)
+    want = _naive_im2col(xq, kh, kw, ph, pw, dh, dw, -7.0)
+    assert np.array_equal(wide[:, :n * p], want.transpose(1, 0, 2).reshape(k, n * p))

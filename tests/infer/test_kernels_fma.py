@@ -114,3 +114,72 @@ def test_gemv_tails(n, k, o, serial):
     (kfma.gemv.serial if serial else kfma.gemv)(y, x, w)
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+@needs_fma
+@pytest.mark.parametrize("n", [1, 16, 37, 300])
+def test_filter_transform_equals_winograd_module(n):
+    """The gathered 16-filter transform equals kernels_winograd.filter_transform bit for bit
+    (same float32 operations) on partial last blocks, into rows with a skew, leaving the
+    columns past n alone."""
+    from pocket.infer import kernels_winograd as kwg
+
+    w9 = RNG.standard_normal((n, 9)).astype(np.float32)
+    want = np.zeros((16, n), np.float32)
+    kwg.filter_transform(want, w9)
+    got = np.full((16, n + 16), 7.0, np.float32)
+    kfma.filter_transform(got[:, :n], w9)
+    assert np.array_equal(got[:, :n], want)
+    assert np.all(got[:, n:] == 7.0)
+    np.testing.assert_allclose(want, kwg.FILTER.astype(np.float64) @ w9.T, rtol=1e-6, atol=1e-6)
+
+
+def _skewed(shape, fill=7.0):
+    """A (16, a, b) float32 view whose 16 rows are a*b + 16 floats apart, filled with `fill`."""
+    full = np.full((shape[0], shape[1] * shape[2] + 16), fill, np.float32)
+    return full, full[:, :shape[1] * shape[2]].reshape(shape)
+
+
+@needs_fma
+@pytest.mark.parametrize("n,c,h,w", [(1, 3, 5, 7), (2, 4, 32, 32), (3, 2, 8, 8), (1, 2, 40, 33),
+                                     (2, 3, 4, 4), (1, 1, 3, 36)])
+def test_input_transform_equals_winograd_module(n, c, h, w):
+    """kernels_fma.input_transform (16 tiles of a row a step, masked at the row's end) equals
+    kernels_winograd's bit for bit, on odd sizes and rows of more than 16 tiles, into a V
+    with skewed rows whose columns past the tiles are left alone."""
+    from pocket.infer import kernels_winograd as kwg
+
+    th, tw = -(-h // 2), -(-w // 2)
+    xpad = RNG.standard_normal((n, c, 2 * th + 2, 2 * tw + 2)).astype(np.float32)
+    cols = n * th * tw + 3
+    want = np.zeros((16, c, cols), np.float32)
+    tmp = np.zeros((n * c, 4, 2 * tw + 2), np.float32)
+    kwg.input_transform(want, xpad, tmp, th, tw)
+    full, got = _skewed((16, c, cols))
+    kfma.input_transform(got, xpad, tmp, th, tw)
+    assert np.array_equal(got[:, :, :n * th * tw], want[:, :, :n * th * tw])
+    assert np.all(got[:, :, n * th * tw:] == 7.0) and np.all(full[:, c * cols:] == 7.0)
+
+
+@needs_fma
+@pytest.mark.parametrize("pool", [False, True])
+@pytest.mark.parametrize("act", [0, 1])
+@pytest.mark.parametrize("n,o,h,w", [(1, 3, 5, 7), (2, 4, 32, 32), (3, 2, 8, 8), (1, 2, 40, 33),
+                                     (2, 3, 3, 3), (1, 1, 6, 36)])
+def test_output_transform_equals_winograd_module(n, o, h, w, act, pool):
+    """kernels_fma.output_transform equals kernels_winograd's bit for bit: odd sizes (the
+    last tile's row or column dropped), rows of more than 16 tiles, with and without the
+    fused 2x2 pool, ReLU or none, from an M with skewed rows."""
+    from pocket.infer import kernels_winograd as kwg
+
+    th, tw = -(-h // 2), -(-w // 2)
+    cols = n * th * tw + 5
+    _, m = _skewed((16, o, cols))
+    m[...] = RNG.standard_normal(m.shape).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    shape = (n, o, h // 2, w // 2) if pool else (n, o, h, w)
+    want, got = np.zeros(shape, np.float32), np.full(shape, 7.0, np.float32)
+    tmp = np.zeros((n * o, 8, th * tw), np.float32)
+    kwg.output_transform(want, np.ascontiguousarray(m), tmp, th, tw, b, act, 0.0, pool)
+    kfma.output_transform(got, m, tmp, th, tw, b, act, 0.0, pool)
+    assert np.array_equal(got, want)
