@@ -36,11 +36,10 @@ SCRATCH_BYTES = 8 << 20  # im2col + GEMM result per chunk: a few MiB, in cache, 
 F32_ROUTE_ROWS = 16
 # fp32 3x3 stride-1 convs with at least this many input channels run as Winograd F(2x2, 3x3)
 # (kernels_winograd): its 16 GEMMs do 2.25x fewer multiply-adds, which outweighs the
-# transforms from about 64 channels on (32 was a little slower, measured at batch 1 and 64).
+# transforms from about 64 channels on (32 was a little slower, measured at batch 1 and 64;
+# with kernels_fma's transforms, cnn_mnist fp32 batch 64 at 32 went 4.82 -> 4.59 ms on one
+# thread but 2.57 -> 2.74 ms on two).
 WINOGRAD_MIN_C = 64
-# ... and from 32 with AVX-512, whose vector transforms (kernels_fma) cost 1.3-4x less
-# (cnn_mnist fp32 batch 64: 4.82 -> 4.59 ms; batch 1 the same)
-WINOGRAD_MIN_C_FMA = 32
 # ... and at least this many tiles (2x2 outputs) a call: with fewer (batch 1 on maps of 8x8 and
 # less) the per-call filter transform and short loops cost more than the GEMM saves (cnn_cifar
 # fp32 batch 1: 3.6 ms at 64, 4.2 ms at 16, 4.0 ms at 512).
@@ -248,8 +247,7 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         if g == 1 and (sh, sw) == (1, 1):  # as "gemm", at a pixel pitch of Wp
             pitch = (_prep_fma(eng, node, dict(d)) if kfma.AVAILABLE else
                      _prep_pitch(eng, node, dict(d)))
-            if (kh, kw) == (3, 3) and tuple(d["geom"][6:]) == (1, 1) and c >= (
-                    WINOGRAD_MIN_C_FMA if kfma.AVAILABLE else WINOGRAD_MIN_C):
+            if (kh, kw) == (3, 3) and tuple(d["geom"][6:]) == (1, 1) and c >= WINOGRAD_MIN_C:
                 wino = _prep_winograd(eng, node, d)
                 wino["pitch_plan"] = pitch  # for batches with few tiles
                 wino["scratch_bytes"] = max(wino["scratch_bytes"], pitch["scratch_bytes"])

@@ -440,7 +440,6 @@ def test_conv_maxpool_winograd(k, s, hw, monkeypatch, fp32_route):
     from pocket.infer import lowering
 
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C_FMA", 4)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 1)
     params = _conv_params(4, 6, 3, 3, 1)
     x = RNG.standard_normal((3, 4, *hw)).astype(np.float32)
@@ -455,7 +454,6 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     from pocket.infer import lowering
 
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C_FMA", 4)
     gemm = {"fma": "fma_cols", "blas": "gemm"}[fp32_route]
     pointwise = {"fma": "fma_pitch", "blas": "pointwise"}[fp32_route]
     for name, want in (("3x3-pad", "winograd"), ("dilation", gemm), ("1x1", pointwise),
@@ -479,7 +477,6 @@ def test_winograd_falls_back_on_few_tiles(monkeypatch):
     from pocket.infer import lowering
 
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C_FMA", 4)
     monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 20)  # 4x4 tiles an image: n=1 falls back
     params = _conv_params(4, 3, 3, 3, 1)
     node = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {"padding": [1, 1]})
@@ -553,3 +550,31 @@ def test_im2col_same(geom, hw, n):
     kf.im2col_same(wide, xq, valid, kh, kw, ph, pw, dh, dw, np.float32(-7), 0, p)
     want = _naive_im2col(xq, kh, kw, ph, pw, dh, dw, -7.0)
     assert np.array_equal(wide[:, :n * p], want.transpose(1, 0, 2).reshape(k, n * p))
+
+
+@pytest.mark.parametrize("pool", [(2, 2, 2, 2), (3, 3, 2, 2), (3, 2, 1, 2), (2, 2, 1, 1)])
+@pytest.mark.parametrize("hw", [(4, 4), (9, 8), (5, 3)])
+@pytest.mark.parametrize("act", ["relu", "none", "leaky_relu"])
+@pytest.mark.parametrize("wide", [False, True])
+def test_bias_act_pool(pool, hw, act, wide):
+    """The fused epilogue bias_act_pool (the 2x2/2 window unrolled, others by loops) equals
+    NumPy's maxpool of act(y + b), from both layouts of the GEMM result: (N*O, P) and one
+    wide (O, N*P)."""
+    kh, kw, sh, sw = pool
+    n, o, (h, w) = 3, 5, hw
+    y = RNG.standard_normal((n, o, h, w)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    v = (y + b[:, None, None]).astype(np.float64)
+    z = {"relu": np.maximum(v, 0), "none": v, "leaky_relu": np.where(v >= 0, v, 0.1 * v)}[act]
+    ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+    want = np.full((n, o, ho, wo), -np.inf, np.float32)
+    for i in range(kh):
+        for j in range(kw):
+            want = np.maximum(want, z[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw])
+    got = np.full((n, o, ho, wo), np.nan, np.float32)
+    if wide:
+        y2, rb, cb = np.ascontiguousarray(y.transpose(1, 0, 2, 3)).reshape(o, n * h * w), 0, h * w
+    else:
+        y2, rb, cb = y.reshape(n * o, h * w), o, 0
+    kf.bias_act_pool(got, y2, rb, cb, w, kh, kw, sh, sw, b, kf.ACT[act], 0.1)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
