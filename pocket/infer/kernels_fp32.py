@@ -382,7 +382,9 @@ def bias_act_pool(out, y, rb, cb, wd, kh, kw, sh, sw, b, act, alpha):
 def pad_images(xpad, x, ph, pw, hp, wp, pad):
     """x (N, C, H, W) -> xpad (>= N*C*Hp*Wp,): the images in planes of Hp x Wp (at least
     H + ph and W + pw; usually H + 2ph, W + 2pw) with x at (ph, pw) and `pad` around it (flat
-    unsigned indices, see kernels_vnni.pad_shift)."""
+    unsigned indices, see kernels_vnni.pad_shift). xpad's elements past the last plane are
+    `pad` too: with W + pw wide rows a window off the last row's end reads them (and junk
+    columns read them: zeros, never denormals)."""
     n, c, h, w = x.shape
     xf = x.reshape(-1)
     plane = np.uint64(hp * wp)
@@ -394,6 +396,8 @@ def pad_images(xpad, x, ph, pw, hp, wp, pad):
             r, q = d + np.uint64((ph + i) * wp + pw), s + np.uint64(i * w)
             for j in range(w):
                 xpad[r + np.uint64(j)] = xf[q + np.uint64(j)]
+    for j in range(n * c * hp * wp, xpad.shape[0]):
+        xpad[j] = pad
 
 
 @kernel

@@ -323,14 +323,14 @@ def pack_rows_t(xp, x):
 
 
 @kernel
-def pad_shift(xpad, x, ph, pw, pad):
-    """x (N, C, H, W) u8 (int8 codes' bytes) -> xpad (>= N*C*Hp*Wp,) u8: the images with
-    Hp = H + 2ph, Wp = W + 2pw, x_q + 128 inside and pad (x_zp + 128) on the border.
+def pad_shift(xpad, x, ph, pw, hp, wp, pad):
+    """x (N, C, H, W) u8 (int8 codes' bytes) -> xpad (>= N*C*Hp*Wp,) u8: the images in planes
+    of Hp x Wp (at least H + ph and W + pw, as kernels_fp32.pad_images), x_q + 128 at (ph, pw)
+    and pad (x_zp + 128) around it and past the last plane.
 
     NOTE: flat unsigned indices throughout: slicing a row per loop costs a reference count
     each, which dominated on small maps."""
     n, c, h, w = x.shape
-    hp, wp = h + 2 * ph, w + 2 * pw
     xf = x.reshape(-1)
     plane = np.uint64(hp * wp)
     for t in prange(n * c):
@@ -342,6 +342,8 @@ def pad_shift(xpad, x, ph, pw, pad):
             r, q = d + np.uint64((ph + i) * wp + pw), s + np.uint64(i * w)
             for j in range(w):
                 xpad[r + np.uint64(j)] = xf[q + np.uint64(j)] ^ np.uint8(0x80)
+    for j in range(n * c * hp * wp, xpad.shape[0]):
+        xpad[j] = pad
 
 
 @njit(cache=True, inline="always")

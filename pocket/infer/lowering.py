@@ -191,11 +191,17 @@ def _pitch_geometry(eng: Engine, node: Node, geom: tuple) -> dict:
     """Where a conv's packed inputs put its output pixels: stride 1 at a pitch of Wp, the
     padded width, so that each packed row is one contiguous run of the padded images (junk
     columns ow >= Wo included, see kernels_vnni.pack_cols); otherwise at a pitch of Wo (and
-    the VNNI route takes Wo for narrow maps too, see VNNI_PITCH_MAX_WO)."""
+    the VNNI route takes Wo for narrow maps too, see VNNI_PITCH_MAX_WO).
+
+    At stride 1 the padded rows are W + pw wide, not W + 2pw: each row's pw pad columns come
+    first, and a window running off a row's right end reads the next row's (or the next
+    plane's) first pw columns, which are padding too; so the pitch has pw fewer junk columns
+    (a 3x3 conv on 14x14 maps: 1 in 15 columns junk, not 2 in 16)."""
     c, h, w = eng._sample[node.inputs[0]]
     kh, kw, sh, sw, ph, pw, dh, dw = geom
-    hp, wp = h + 2 * ph, w + 2 * pw
-    ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    hp = h + 2 * ph
+    ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    wp = w + pw if (sh, sw) == (1, 1) else w + 2 * pw
     pitch = wp if (sh, sw) == (1, 1) else wo
     # padded: elements of one padded image; slack: junk reads past the last one
     return {"hp": hp, "wp": wp, "ho": ho, "wo": wo, "pitch": pitch, "pix": ho * pitch, "padded": c * hp * wp,
@@ -432,7 +438,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             xp = eng._scratch(step, np.uint32, (k4, mpc))
             c = eng._scratch(step, np.int32, (o, mpc), xp_bytes)
             kh, kw, sh, sw, ph, pw, dh, dw = geom
-            hp, wp = xs.shape[2] + 2 * ph, xs.shape[3] + 2 * pw
+            hp, wp = d["hp"], d["wp"]
             xpad = eng._scratch(step, np.uint8, (m * d["padded"] + d["slack"],), xp_bytes + c_bytes)
             w2 = d["w2"]
             if d["wpad_bytes"]:
@@ -441,7 +447,8 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                     calls.append(partial(kv.pad_weights, w2, d["w2"]))
             epi = (d["bias_u8"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
             ho, wo = y.shape[2:]
-            calls += [partial(kv.pad_shift, xpad, xs.view(np.uint8), ph, pw, a["x_zero_point"] + 128),
+            calls += [partial(kv.pad_shift, xpad, xs.view(np.uint8), ph, pw, hp, wp,
+                              a["x_zero_point"] + 128),
                       partial(kv.pack_cols, xp, xpad, m, xs.shape[1], hp, wp, kh, kw, dh, dw, pix,
                               d["poffs"]),
                       partial(kv.gemm_cols, c, w2, xp),
@@ -511,8 +518,6 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                               _aligned((d["chunk"] * padded + d["slack"]) * 4))
             kh, kw, sh, sw, ph, pw, dh, dw = geom
             calls += [partial(kf.pad_images, xpad, xs, ph, pw, d["hp"], d["wp"], np.float32(0)),
-                      # the junk reads past the last image: zeros, never denormals
-                      partial(xpad[m * padded:].fill, 0),
                       partial(kfma.gemm, yw, d["w2"], xpad, d["offs"], m, o, mpi, padded, 0, mpi,
                               m * mpi),
                       partial(kf.bias_act_pitch, y[start:start + m], yw, d["pitch"], mpi, d["b"], act,

@@ -77,22 +77,24 @@ def _naive_cols(x, kh, kw, sh, sw, ph, pw, dh, dw, pad):
                                   (5, 5, 2, 2, 2, 2, 1, 1)])
 @pytest.mark.parametrize("c", [1, 3, 4])
 @pytest.mark.parametrize("by_table", [False, True])
-def test_pad_pack_gemm_is_a_convolution(geom, c, by_table):
+@pytest.mark.parametrize("shared", [False, True])
+def test_pad_pack_gemm_is_a_convolution(geom, c, by_table, shared):
     """pad_shift + pack_cols (+ pad_weights for K % 4 != 0) + gemm_cols + requant_cols: the
     sums equal the naive convolution at every real pixel, for both pixel pitches (a stride-1
-    conv packed by pixel table too, as narrow maps are)."""
+    conv packed by pixel table too, as narrow maps are), with padded rows W + 2pw wide or, at
+    stride 1, W + pw (a row's right padding read from the next row's left)."""
     kh, kw, sh, sw, ph, pw, dh, dw = geom
     n, h, w, o, zp = 2, 7, 9, 5, -3
     x, wt = _codes((n, c, h, w)), _codes((o, c * kh * kw), lo=-127)
-    hp, wp = h + 2 * ph, w + 2 * pw
+    hp, wp = h + 2 * ph, w + (pw if shared and (sh, sw) == (1, 1) else 2 * pw)
     ho = (hp - dh * (kh - 1) - 1) // sh + 1
-    wo = (wp - dw * (kw - 1) - 1) // sw + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     flat = (sh, sw) == (1, 1) and not by_table
     pitch = wp if flat else wo
     poffs = np.zeros(0, np.int64) if flat else kv.pixel_offsets(ho, wo, sh, sw, wp)
     k4 = -(-c * kh * kw // 4)
     xpad = np.zeros(n * c * hp * wp + (kw - 1) * dw + 1, np.uint8)
-    kv.pad_shift(xpad, x.view(np.uint8), ph, pw, zp + 128)
+    kv.pad_shift(xpad, x.view(np.uint8), ph, pw, hp, wp, zp + 128)
     xp = np.zeros((k4, _cols(n * ho * pitch)), np.uint32)
     kv.pack_cols(xp, xpad, n, c, hp, wp, kh, kw, dh, dw, ho * pitch, poffs)
     w4 = np.full((o, 4 * k4), 99, np.int8)
