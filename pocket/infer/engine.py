@@ -73,8 +73,10 @@ _NP = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8, "i32
        "i64": np.int64}
 # A call with less work than this (multiply-adds for a GEMM, 16 per element written for a
 # kernel) runs on the calling thread: below it a thread pool's wake-up and barrier cost more
-# than the work they share (batch 1, small layers).
-_PARALLEL_WORK = 1 << 22
+# than the work they share (batch 1, small layers). 1 << 22 left the 4x4 and 8x8 layers of
+# cnn_cifar int8 serial (packing by table, the 4x4 GEMMs): at 1 << 21 its batch 1 on two
+# threads went 757 -> 688 us; the other reference models within noise.
+_PARALLEL_WORK = 1 << 21
 # Where OpenMP's threads spin between kernels (see _spin_if_no_blas) a wake-up costs a few
 # µs, not tens, and an element-wise kernel counts this much more work per element (cnn_cifar
 # fp32 batch 1, 2 threads: im2col and the Winograd transforms of 50-130 µs each ran on one
