@@ -154,6 +154,7 @@ class Engine:
         self._planned = False
         self._interpret_left = _INTERPRET_SECONDS if interpret_first else 0.0
         self._quant: dict | None = None  # the weights' int8 scales, for the interpreter
+        self._fast: tuple | None = None  # (input dtype, per-sample shape) once planned
         if not interpret_first:
             self._plan()
 
@@ -171,6 +172,9 @@ class Engine:
         self._skip: set[int] = set()
         self._plan_arena()
         self._planned, self._interpret_left = True, 0.0
+        g = self.graph
+        if len(g.inputs) == 1 and len(g.outputs) == 1:  # run()'s fast path
+            self._fast = (np.dtype(_NP[g.inputs[self.input_name].dtype]), self._sample[self.input_name])
 
     # ---- public properties
 
@@ -364,6 +368,17 @@ class Engine:
 
     def run(self, x: np.ndarray, *, copy: bool = False) -> np.ndarray:
         """x (N, *input_shape) -> the single output (N, ...). A view into the arena unless copy."""
+        # NOTE: the common call (an array of the input's dtype and shape, at most max_batch
+        # rows, at a batch size run before) skips run_all's general checks: ~3 us, a fifth of
+        # a batch-1 call of a small MLP
+        fast = self._fast
+        if (fast is not None and type(x) is np.ndarray and x.dtype == fast[0]
+                and x.shape[1:] == fast[1] and 0 < x.shape[0] <= self.max_batch):
+            bound = self._bound.get(x.shape[0])
+            if bound is not None and bound.direct:
+                np.copyto(bound.inputs[self.input_name], x)
+                self._run_calls(bound)
+                return bound.outputs[0].copy() if copy else bound.outputs[0]
         if len(self.graph.outputs) != 1:
             raise EngineError(f"the model has {len(self.graph.outputs)} outputs; use run_all()")
         return self.run_all(x, copy=copy)[self.graph.outputs[0]]

@@ -523,6 +523,9 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                       partial(kf.bias_act_pitch, y[start:start + m], yw, d["pitch"], mpi, d["b"], act,
                               alpha)
                       if pool is None else
+                      partial(kfma.bias_act_pool2_pitch, pool[start:start + m], yw, d["pitch"], mpi,
+                              d["b"], act)
+                      if tuple(pool_geom) == (2, 2, 2, 2) and act in (0, 1) else
                       partial(kf.bias_act_pool_pitch, pool[start:start + m], yw, d["pitch"], mpi,
                               *pool_geom, d["b"], act, alpha)]
         elif d["kind"] == "fma_cols":

@@ -183,3 +183,29 @@ def test_output_transform_equals_winograd_module(n, o, h, w, act, pool):
     kwg.output_transform(want, np.ascontiguousarray(m), tmp, th, tw, b, act, 0.0, pool)
     kfma.output_transform(got, m, tmp, th, tw, b, act, 0.0, pool)
     assert np.array_equal(got, want)
+
+
+@needs_fma
+@pytest.mark.parametrize("act", [0, 1])
+@pytest.mark.parametrize("ho,wo,pitch", [(14, 14, 15), (7, 7, 8), (3, 17, 18), (5, 40, 41),
+                                         (4, 32, 32)])
+def test_bias_act_pool2_pitch_equals_numba_loop(ho, wo, pitch, act):
+    """The vector 2x2/2 pooled epilogue equals kernels_fp32.bias_act_pool_pitch bit for bit:
+    odd widths and heights (the last row and column dropped), rows of more than 16 outputs,
+    images side by side at istride, no ReLU and ReLU."""
+    from pocket.infer import kernels_fp32 as kf
+
+    n, o = 3, 5
+    istride = kfma.tile_cols(ho * pitch)
+    y = RNG.standard_normal((o, n * istride)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    want = np.zeros((n, o, ho // 2, wo // 2), np.float32)
+    kf.bias_act_pool_pitch(want, y, pitch, istride, 2, 2, 2, 2, b, act, 0.0)
+    got = np.full(want.shape, np.nan, np.float32)
+    kfma.bias_act_pool2_pitch(got, y, pitch, istride, b, act)
+    assert np.array_equal(got, want)
+    z = y.reshape(o, n, istride)[:, :, :ho * pitch].reshape(o, n, ho, pitch)[..., :wo]
+    z = z + b[:, None, None, None]
+    z = np.maximum(z, 0) if act else z
+    pooled = z[:, :, :ho // 2 * 2, :wo // 2 * 2].reshape(o, n, ho // 2, 2, wo // 2, 2).max(axis=(3, 5))
+    np.testing.assert_allclose(got, pooled.transpose(1, 0, 2, 3), rtol=1e-6, atol=1e-6)
