@@ -108,6 +108,9 @@ class _Bound:
     calls: list[Any] = field(default_factory=list)
     serial_steps: bool = False  # the calls switch thread counts (restore them on an error)
     direct: bool = False  # the kernels are called through their compiled entry points
+    # (call, argument, shape): the one argument of all the calls that reads the input, which
+    # run() may pass the caller's array instead of copying it into the arena
+    feed: tuple | None = None
 
 
 def _per_sample(info: ValueInfo, where: str) -> tuple[int, ...]:
@@ -343,6 +346,7 @@ class Engine:
                            [self._view(o, n) for o in g.outputs])
             self._skip = set()  # steps that an earlier builder fused away
             in_serial = False
+            steps = []  # the step of each call
             for step, node in enumerate(g.nodes):
                 if step in self._skip:
                     continue
@@ -359,10 +363,33 @@ class Engine:
                         bound.calls.append(partial(self._serial, small))
                         bound.serial_steps, in_serial = True, small
                     bound.calls.append(call)
+                steps += [step] * (len(bound.calls) - len(steps))
             if in_serial:
                 bound.calls.append(partial(self._serial, False))
+            bound.feed = self._feed(bound, steps)
             self._bound[n] = bound
         return bound
+
+    def _feed(self, bound: _Bound, steps: list[int]) -> tuple | None:
+        """Where a single input is read: (call, argument, shape) if exactly one argument of the
+        calls in the input's lifetime touches its bytes, and is all of them (same start, size
+        and dtype, C order); else None, and run() copies the input into the arena."""
+        if len(bound.inputs) != 1:
+            return None
+        (name, view), = bound.inputs.items()
+        buf = self._buffers[self._root[name]]
+        if any(self._root.get(o) == self._root[name] for o in self.graph.outputs):
+            return None
+        hits = [(i, j, a) for i, call in enumerate(bound.calls) if i < len(steps) and steps[i] <= buf.last
+                for j, a in enumerate(call.args)
+                if isinstance(a, np.ndarray) and np.may_share_memory(a, view)]
+        if len(hits) != 1:
+            return None
+        i, j, a = hits[0]
+        if (a.ctypes.data != view.ctypes.data or a.nbytes != view.nbytes or a.dtype != view.dtype
+                or not a.flags.c_contiguous or bound.calls[i].keywords):
+            return None
+        return i, j, a.shape
 
     # ---- running
 
@@ -376,8 +403,15 @@ class Engine:
                 and x.shape[1:] == fast[1] and 0 < x.shape[0] <= self.max_batch):
             bound = self._bound.get(x.shape[0])
             if bound is not None and bound.direct:
-                np.copyto(bound.inputs[self.input_name], x)
-                self._run_calls(bound)
+                feed = bound.feed
+                if feed is not None and x.flags.c_contiguous and x.flags.aligned and x.flags.writeable:
+                    # NOTE: the one call that reads the input reads x itself (the same type
+                    # for its compiled kernel: dtype, C order, writeable): no copy into the
+                    # arena (mlp int8 batch 64: 5.5 us of 86)
+                    self._run_calls(bound, (feed[0], feed[1], x.reshape(feed[2])))
+                else:
+                    np.copyto(bound.inputs[self.input_name], x)
+                    self._run_calls(bound)
                 return bound.outputs[0].copy() if copy else bound.outputs[0]
         if len(self.graph.outputs) != 1:
             raise EngineError(f"the model has {len(self.graph.outputs)} outputs; use run_all()")
@@ -449,14 +483,25 @@ class Engine:
             return
         self._run_calls(bound)
 
-    def _run_calls(self, bound: _Bound) -> None:
+    def _run_calls(self, bound: _Bound, fed: tuple | None = None) -> None:
+        """Make the bound calls; with fed = (call, argument, array), that call takes the array
+        in place of that argument (see _feed)."""
+        at = -1 if fed is None else fed[0]
         if not bound.serial_steps:
-            for call in bound.calls:
-                call()
+            for i, call in enumerate(bound.calls):
+                if i == at:
+                    args = call.args
+                    call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:])
+                else:
+                    call()
             return
         try:
-            for call in bound.calls:
-                call()
+            for i, call in enumerate(bound.calls):
+                if i == at:
+                    args = call.args
+                    call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:])
+                else:
+                    call()
         except BaseException:
             self._serial(False)
             raise

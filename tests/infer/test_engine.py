@@ -192,3 +192,33 @@ def test_interpret_first_switches_to_the_kernels(mnist, monkeypatch):
         assert not eng._planned
         eng.run(mnist["x"][:engine_mod._INTERPRET_ROWS + 1])  # a big batch plans at once
         assert eng._planned
+
+
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("n", [1, 16, 33])
+def test_input_fed_in_place(int8, n, tmp_path):
+    """An MLP's first kernel reads the caller's array itself (no copy into the arena) when it
+    is C-ordered, aligned and writeable; other arrays (strided, read-only) are copied. Either
+    way each call sees its own input, and the caller's array is left as it was."""
+    rng = np.random.default_rng(3)
+    g, p = mlp(rng)
+    q = None
+    if int8:
+        g, p, q = quantize_sequential(g, p, rng.random((16, 784), dtype=np.float32))
+    path = save_model(tmp_path / "m.bin", g, p, q)
+    with Engine(path, max_batch=64) as eng:
+        for _ in range(3):
+            big = rng.random((2 * n, 784), dtype=np.float32)
+            xs = [np.ascontiguousarray(big[:n]), big[::2]]
+            ro = xs[0].copy()
+            ro.flags.writeable = False
+            for x in [*xs, ro]:
+                keep = x.copy()
+                got = eng.run(x, copy=True)
+                assert np.array_equal(x, keep)
+                want = ref.run(g, p, x, q)[g.outputs[0]]
+                if int8:
+                    assert np.array_equal(got, want)
+                else:
+                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert eng._bind(n).feed is not None
