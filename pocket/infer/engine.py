@@ -486,22 +486,11 @@ class Engine:
     def _run_calls(self, bound: _Bound, fed: tuple | None = None) -> None:
         """Make the bound calls; with fed = (call, argument, array), that call takes the array
         in place of that argument (see _feed)."""
-        at = -1 if fed is None else fed[0]
         if not bound.serial_steps:
-            for i, call in enumerate(bound.calls):
-                if i == at:
-                    args = call.args
-                    call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:])
-                else:
-                    call()
+            _call_all(bound.calls, fed)
             return
         try:
-            for i, call in enumerate(bound.calls):
-                if i == at:
-                    args = call.args
-                    call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:])
-                else:
-                    call()
+            _call_all(bound.calls, fed)
         except BaseException:
             self._serial(False)
             raise
@@ -565,6 +554,16 @@ def _check_threads(threads: int | None) -> int | None:
     if not 1 <= threads <= top:
         raise EngineError(f"threads must be between 1 and {top}, got {threads}")
     return threads
+
+
+def _call_all(calls: list, fed: tuple | None) -> None:
+    at = -1 if fed is None else fed[0]
+    for i, call in enumerate(calls):
+        if i == at:
+            args = call.args
+            call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:])
+        else:
+            call()
 
 
 def _direct(call: partial) -> partial:
