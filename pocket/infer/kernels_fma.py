@@ -30,6 +30,8 @@ for the host); ARM and older x86 keep NumPy's BLAS, and the LLVM here is never c
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
@@ -104,130 +106,6 @@ def _make_tile(nv: int):
 _tile, _half = _make_tile(2), _make_tile(1)  # 32 pixels; 16 (a GEMM's last, half tile)
 
 
-def _make_dot():
-    """c[r] = sum over j < k of x[j] * w[r, j] for r < rows (1..TILE_O; float32, 4 bytes apart).
-
-    x and the rows of w (ldw bytes apart) are read in chunks of 16 floats; the last partial
-    chunk is a masked load and reads as zeros, never past the end. Each row's 16 lanes are
-    summed at the end, so the order of the sum differs from a plain loop by rounding only.
-    """
-
-    @intrinsic
-    def dot(typingctx, x, w, ldw, c, k, rows):
-        sig = types.void(*[types.intp] * 6)
-
-        def codegen(context, builder, signature, args):
-            x, w, ldw, c, k, rows = args
-            mod = builder.module
-            fma = cgutils.get_or_insert_function(mod, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
-            w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
-            full = builder.sdiv(k, _const(16))
-
-            def step(i, accs):
-                off = builder.mul(i, _const(64))
-                xv = builder.load(_ptr(builder, builder.add(x, off), _VF), align=4)
-                return [builder.call(fma, [xv, builder.load(_ptr(builder, builder.add(wr, off), _VF),
-                                                           align=4), a]) for a, wr in zip(accs, w_at)]
-
-            accs = _loop(builder, full, [ir.Constant(_VF, None)] * TILE_O, step)
-            # the tail: rem (0..15) floats, the other lanes masked to zero
-            rem = builder.trunc(builder.srem(k, _const(16)), _I32)
-            splat = builder.shuffle_vector(
-                builder.insert_element(ir.Constant(_VI, ir.Undefined), rem, ir.Constant(_I32, 0)),
-                ir.Constant(_VI, ir.Undefined), ir.Constant(_VI, None))
-            mask = builder.icmp_signed("<", ir.Constant(_VI, list(range(16))), splat)
-            mload = cgutils.get_or_insert_function(
-                mod, ir.FunctionType(_VF, [ir.PointerType(), _I32, mask.type, _VF]),
-                "llvm.masked.load.v16f32.p0")
-            red = cgutils.get_or_insert_function(mod, ir.FunctionType(_F32, [_F32, _VF]),
-                                                 "llvm.vector.reduce.fadd.v16f32")
-            off = builder.mul(full, _const(64))
-
-            def masked(addr):
-                return builder.call(mload, [builder.inttoptr(builder.add(addr, off), ir.PointerType()),
-                                            ir.Constant(_I32, 4), mask, ir.Constant(_VF, None)])
-
-            xv = masked(x)
-            for r, (a, wr) in enumerate(zip(accs, w_at)):
-                with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
-                    a = builder.call(fma, [xv, masked(wr), a])
-                    total = builder.call(red, [ir.Constant(_F32, 0.0), a], fastmath=("reassoc",))
-                    builder.store(total, _ptr(builder, builder.add(c, _const(4 * r)), _F32), align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return dot
-
-
-_dot = _make_dot()
-
-
-
-def _make_filter16():
-    """u[e, l] = (G g_l G^T)[e] for the l < cnt (1..16) filters g_l = w[l, 0:9] (float32, 36
-    bytes apart); u's rows ldu bytes apart. The same float32 operations, in the same order, as
-    kernels_winograd.filter_transform, on 16 filters at once: 9 gathers, 16 vector stores.
-
-    NOTE: the scalar transform stored 16 floats per filter one at a time, 16 rows apart, and
-    was store-bound (~20 cycles a filter: 217 us of cnn_cifar fp32's 2.6 ms at batch 1)."""
-
-    @intrinsic
-    def block(typingctx, w, u, ldu, cnt):
-        sig = types.void(*[types.intp] * 4)
-
-        def codegen(context, builder, signature, args):
-            w, u, ldu, cnt = args
-            mod = builder.module
-            vptr = ir.VectorType(ir.PointerType(), 16)
-            v64 = ir.VectorType(_I64, 16)
-
-            def splat(val, vty):
-                one = builder.insert_element(ir.Constant(vty, ir.Undefined), val, ir.Constant(_I32, 0))
-                return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(_VI, None))
-
-            mask = builder.icmp_signed("<", ir.Constant(_VI, list(range(16))),
-                                       splat(builder.trunc(cnt, _I32), _VI))
-            gather = cgutils.get_or_insert_function(
-                mod, ir.FunctionType(_VF, [vptr, _I32, mask.type, _VF]), "llvm.masked.gather.v16f32.v16p0")
-            store = cgutils.get_or_insert_function(
-                mod, ir.FunctionType(ir.VoidType(), [_VF, ir.PointerType(), _I32, mask.type]),
-                "llvm.masked.store.v16f32.p0")
-            rows = builder.add(splat(w, v64), ir.Constant(v64, [36 * lane for lane in range(16)]))
-            g = [builder.call(gather, [builder.inttoptr(builder.add(rows, splat(_const(4 * e), v64)), vptr),
-                                       ir.Constant(_I32, 4), mask, ir.Constant(_VF, None)])
-                 for e in range(9)]
-            h = ir.Constant(_VF, [0.5] * 16)
-            add, sub = builder.fadd, builder.fsub
-            t1 = [builder.fmul(h, add(add(g[j], g[3 + j]), g[6 + j])) for j in range(3)]
-            t2 = [builder.fmul(h, add(sub(g[j], g[3 + j]), g[6 + j])) for j in range(3)]
-            outs = []
-            for a, b, c in (g[0:3], t1, t2, g[6:9]):
-                outs += [a, builder.fmul(h, add(add(a, b), c)), builder.fmul(h, add(sub(a, b), c)), c]
-            for e, val in enumerate(outs):
-                addr = builder.inttoptr(builder.add(u, builder.mul(_const(e), ldu)), ir.PointerType())
-                builder.call(store, [val, addr, ir.Constant(_I32, 4), mask])
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return block
-
-
-_filter16 = _make_filter16()
-
-
-@kernel
-def filter_transform(u, w9):
-    """kernels_winograd.filter_transform (same arguments, same results bit for bit), 16
-    filters a step."""
-    n = w9.shape[0]
-    wa, ua, ldu = np.int64(w9.ctypes.data), np.int64(u.ctypes.data), np.int64(u.strides[0])
-    for blk in prange((n + 15) // 16):
-        r0 = blk * 16
-        _filter16(wa + r0 * 36, ua + r0 * 4, ldu, min(16, n - r0))
-
-
 def _splat(builder, val, vty):
     one = builder.insert_element(ir.Constant(vty, ir.Undefined), val, ir.Constant(_I32, 0))
     return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(_VI, None))
@@ -260,6 +138,129 @@ def _masked_io(builder):
 
 def _shuffle(builder, a, b, idx):
     return builder.shuffle_vector(a, b, ir.Constant(_VI, idx))
+
+
+def _vmax(builder, a, b):
+    """Python's max(a, b) lane by lane: b only where b > a."""
+    return builder.select(builder.fcmp_ordered(">", b, a), b, a)
+
+
+def _bias_relu(builder, v, bo, relu):
+    """v + bo, then a ReLU where relu (an i64) != 0: as the Numba epilogues do it."""
+    v = builder.fadd(v, _splat(builder, bo, _VF))
+    zero = ir.Constant(_VF, None)
+    return builder.select(builder.icmp_signed("!=", relu, _const(0)),
+                          builder.select(builder.fcmp_ordered(">", v, zero), v, zero), v)
+
+
+def _make_dot():
+    """c[r] = sum over j < k of x[j] * w[r, j] for r < rows (1..TILE_O; float32, 4 bytes apart).
+
+    x and the rows of w (ldw bytes apart) are read in chunks of 16 floats; the last partial
+    chunk is a masked load and reads as zeros, never past the end. Each row's 16 lanes are
+    summed at the end, so the order of the sum differs from a plain loop by rounding only.
+    """
+
+    @intrinsic
+    def dot(typingctx, x, w, ldw, c, k, rows):
+        sig = types.void(*[types.intp] * 6)
+
+        def codegen(context, builder, signature, args):
+            x, w, ldw, c, k, rows = args
+            mod = builder.module
+            fma = cgutils.get_or_insert_function(mod, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+            w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
+            full = builder.sdiv(k, _const(16))
+
+            def step(i, accs):
+                off = builder.mul(i, _const(64))
+                xv = builder.load(_ptr(builder, builder.add(x, off), _VF), align=4)
+                return [builder.call(fma, [xv, builder.load(_ptr(builder, builder.add(wr, off), _VF),
+                                                           align=4), a]) for a, wr in zip(accs, w_at)]
+
+            accs = _loop(builder, full, [ir.Constant(_VF, None)] * TILE_O, step)
+            # the tail: rem (0..15) floats, the other lanes masked to zero
+            mask = _lanes_below(builder, builder.srem(k, _const(16)))
+            ld, _ = _masked_io(builder)
+            red = cgutils.get_or_insert_function(mod, ir.FunctionType(_F32, [_F32, _VF]),
+                                                 "llvm.vector.reduce.fadd.v16f32")
+            off = builder.mul(full, _const(64))
+
+            def masked(addr):
+                return ld(builder.add(addr, off), mask)
+
+            xv = masked(x)
+            for r, (a, wr) in enumerate(zip(accs, w_at)):
+                with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+                    a = builder.call(fma, [xv, masked(wr), a])
+                    total = builder.call(red, [ir.Constant(_F32, 0.0), a], fastmath=("reassoc",))
+                    builder.store(total, _ptr(builder, builder.add(c, _const(4 * r)), _F32), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot
+
+
+_dot = _make_dot()
+
+
+def _make_filter16():
+    """u[e, l] = (G g_l G^T)[e] for the l < cnt (1..16) filters g_l = w[l, 0:9] (float32, 36
+    bytes apart); u's rows ldu bytes apart. The same float32 operations, in the same order, as
+    kernels_winograd.filter_transform, on 16 filters at once: 9 gathers, 16 vector stores.
+
+    NOTE: the scalar transform stored 16 floats per filter one at a time, 16 rows apart, and
+    was store-bound (~20 cycles a filter: 217 us of cnn_cifar fp32's 2.6 ms at batch 1)."""
+
+    @intrinsic
+    def block(typingctx, w, u, ldu, cnt):
+        sig = types.void(*[types.intp] * 4)
+
+        def codegen(context, builder, signature, args):
+            w, u, ldu, cnt = args
+            vptr = ir.VectorType(ir.PointerType(), 16)
+            v64 = ir.VectorType(_I64, 16)
+            _, st = _masked_io(builder)
+            mask = _lanes_below(builder, cnt)
+            gather = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_VF, [vptr, _I32, mask.type, _VF]),
+                "llvm.masked.gather.v16f32.v16p0")
+            rows = builder.add(_splat(builder, w, v64), ir.Constant(v64, [36 * lane for lane in range(16)]))
+
+            def column(e):  # element e of the 16 filters
+                at = builder.inttoptr(builder.add(rows, _splat(builder, _const(4 * e), v64)), vptr)
+                return builder.call(gather, [at, ir.Constant(_I32, 4), mask, ir.Constant(_VF, None)])
+
+            g = [column(e) for e in range(9)]
+            h = ir.Constant(_VF, [0.5] * 16)
+            add, sub = builder.fadd, builder.fsub
+            t1 = [builder.fmul(h, add(add(g[j], g[3 + j]), g[6 + j])) for j in range(3)]
+            t2 = [builder.fmul(h, add(sub(g[j], g[3 + j]), g[6 + j])) for j in range(3)]
+            outs = []
+            for a, b, c in (g[0:3], t1, t2, g[6:9]):
+                outs += [a, builder.fmul(h, add(add(a, b), c)), builder.fmul(h, add(sub(a, b), c)), c]
+            for e, val in enumerate(outs):
+                st(val, builder.add(u, builder.mul(_const(e), ldu)), mask)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block
+
+
+_filter16 = _make_filter16()
+
+
+@kernel
+def filter_transform(u, w9):
+    """kernels_winograd.filter_transform (same arguments, same results bit for bit), 16
+    filters a step."""
+    n = w9.shape[0]
+    wa, ua, ldu = np.int64(w9.ctypes.data), np.int64(u.ctypes.data), np.int64(u.strides[0])
+    for blk in prange((n + 15) // 16):
+        r0 = blk * 16
+        _filter16(wa + r0 * 36, ua + r0 * 4, ldu, min(16, n - r0))
 
 
 def _make_input16():
@@ -343,18 +344,11 @@ def _make_output16(pool: bool):
             d_ = [sub(sub(e[4 + k], e[8 + k]), e[12 + k]) for k in range(4)]
             y = [add(add(v[0], v[1]), v[2]) for v in (s_, d_)], [sub(sub(v[1], v[2]), v[3]) for v in (s_, d_)]
             (y00, y10), (y01, y11) = y
-            bias = _splat(builder, bo, _VF)
-            zero = ir.Constant(_VF, None)
-            is_relu = builder.icmp_signed("!=", relu, _const(0))
-
             def act(v):
-                v = add(v, bias)
-                return builder.select(is_relu, builder.select(builder.fcmp_ordered(">", v, zero), v, zero), v)
-
-            def vmax(a, b):  # Python's max(a, b): b only when b > a
-                return builder.select(builder.fcmp_ordered(">", b, a), b, a)
+                return _bias_relu(builder, v, bo, relu)
 
             if pool:
+                vmax = partial(_vmax, builder)
                 st(act(vmax(vmax(y00, y01), vmax(y10, y11))), dst, _lanes_below(builder, valid))
                 return context.get_dummy_value()
             lo_mask = _lanes_below(builder, valid)
@@ -404,7 +398,7 @@ def output_transform(out, m, tmp, th_n, tw_n, b, act, alpha, pool):
                               min(2 * cnt, wo - 2 * tw), 2 * th + 1 < ho, bo, act)
 
 
-def _make_pool16():
+def _make_pool2():
     """One 2x2/2 max pool step on a pitch-laid GEMM result: the cnt (1..16) outputs at dst
     (4 bytes apart) from the two input rows at y and y + ldy (bytes; 2*cnt floats each, read
     masked), plus the bias bo and a ReLU (relu != 0). Vertical max of the rows, then of the
@@ -420,19 +414,11 @@ def _make_pool16():
             n2 = builder.mul(cnt, _const(2))
             masks = [_lanes_below(builder, builder.sub(n2, _const(16 * q))) for q in range(2)]
 
-            def vmax(a, b):  # Python's max(a, b): b only when b > a
-                return builder.select(builder.fcmp_ordered(">", b, a), b, a)
-
             top = [ld(builder.add(y, _const(64 * q)), masks[q]) for q in range(2)]
             bottom = [ld(builder.add(builder.add(y, ldy), _const(64 * q)), masks[q]) for q in range(2)]
-            a, b = vmax(top[0], bottom[0]), vmax(top[1], bottom[1])
+            a, b = _vmax(builder, top[0], bottom[0]), _vmax(builder, top[1], bottom[1])
             evens, odds = (_shuffle(builder, a, b, list(range(q, 32, 2))) for q in (0, 1))
-            f = vmax(evens, odds)
-            v = builder.fadd(f, _splat(builder, bo, _VF))
-            zero = ir.Constant(_VF, None)
-            v = builder.select(builder.icmp_signed("!=", relu, _const(0)),
-                               builder.select(builder.fcmp_ordered(">", v, zero), v, zero), v)
-            st(v, dst, _lanes_below(builder, cnt))
+            st(_bias_relu(builder, _vmax(builder, evens, odds), bo, relu), dst, _lanes_below(builder, cnt))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -440,7 +426,7 @@ def _make_pool16():
     return pool
 
 
-_pool2 = _make_pool16()
+_pool2 = _make_pool2()
 
 
 @kernel
