@@ -16,7 +16,9 @@ validates the graph, rejects every unsupported op in one error, and plans:
   multiply-adds); on a CPU with AVX-512 every fp32 GEMM is kernels_fma's instead of BLAS, and
   a stride-1 conv reads its padded images in place (no im2col);
 - plan-level fusion: a conv2d whose only reader is an unpadded maxpool2d (and whose
-  activation is non-decreasing) writes the pooled output from its epilogue; the IR is unchanged;
+  activation is non-decreasing) writes the pooled output from its epilogue, and a linear whose
+  only reader is a linear on the same GEMM route leaves its result in that one's packed
+  layout (lowering.chained_linears); the IR is unchanged;
 - int8 conv2d (groups 1) and linear on a CPU with AVX-512 VNNI run the int8 GEMMs of
   kernels_vnni (64 int8 multiply-adds per instruction); elsewhere, those with enough rows run
   as exact float32 BLAS GEMMs on the int8 codes, the float32 copies of weights and inputs
@@ -166,12 +168,13 @@ class Engine:
         from pocket.infer import _import_numba_math
 
         _import_numba_math()
-        from pocket.infer.lowering import PREPARE, no_prep
+        from pocket.infer.lowering import PREPARE, chained_linears, no_prep
 
         self._spinning = _spin_if_no_blas(self.graph)
         self._apply_threads()
         self._prep = [PREPARE.get(n.op, no_prep)(self, n) for n in self.graph.nodes]
         self._pool_after = self._fusable_pools()
+        self._chained = chained_linears(self)
         self._skip: set[int] = set()
         self._plan_arena()
         self._planned, self._interpret_left = True, 0.0
@@ -308,6 +311,10 @@ class Engine:
         for conv_step, pool_step in self._pool_after.items():
             # a fused conv writes the pool's output while it still reads its input and scratch
             buffers[root[g.nodes[pool_step].outputs[0]]].first = conv_step
+        for step, (_, nbytes) in self._chained.items():
+            # the value in the next linear's packed layout: whole tiles of columns
+            out = buffers[root[g.nodes[step].outputs[0]]]
+            out.nbytes = max(out.nbytes, -(-nbytes // ALIGN) * ALIGN)
         for o in g.outputs:
             if o not in root:
                 raise EngineError(f"output '{o}' is a param; this engine returns computed values")
@@ -329,10 +336,18 @@ class Engine:
 
     def _scratch(self, step: int, dtype, shape: tuple[int, ...], at: int = 0) -> np.ndarray:
         """A view of `step`'s scratch, `at` bytes (a multiple of 64) into it."""
-        buf = self._buffers[f"#scratch{step}"]
+        return self._region(f"#scratch{step}", dtype, shape, at)
+
+    def _packed(self, v: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """Value v's buffer in another layout than (N, ...): a chained linear's result (see
+        lowering.chained_linears)."""
+        return self._region(self._root[v], dtype, shape)
+
+    def _region(self, key: str, dtype, shape: tuple[int, ...], at: int = 0) -> np.ndarray:
+        buf = self._buffers[key]
         count = math.prod(shape) * np.dtype(dtype).itemsize
         if at + count > buf.nbytes:
-            raise AssertionError(f"scratch overflow at step {step}")
+            raise AssertionError(f"arena overflow in {key}")
         start = buf.offset + at
         return self._arena[start:start + count].view(dtype).reshape(shape)
 

@@ -39,7 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
-from pocket.infer.kernels_fp32 import activate
+from pocket.infer.kernels_fp32 import bias_act_run
 from pocket.infer.kernels_vnni import _const, _loop, _ptr, _row_at, host_has
 
 TILE_O, TILE_P = 8, 32  # a tile's channels and pixels; 16 accumulators leave room for loads
@@ -548,15 +548,7 @@ def bias_act_t(out, c, b, act, alpha):
     n, o = out.shape
     has_bias = b.shape[0] > 0
     for j in prange(o):
-        bo = b[j] if has_bias else np.float32(0.0)
-        row = c[j]
-        if act == 1:
-            for i in range(n):
-                v = row[i] + bo
-                row[i] = v if v > 0 else np.float32(0.0)
-        else:
-            for i in range(n):
-                row[i] = activate(np.float64(row[i] + bo), act, alpha)
+        bias_act_run(c[j], n, b[j] if has_bias else np.float32(0.0), act, alpha)
     for i in prange(n):
         for j in range(o):
             out[i, j] = c[j, i]

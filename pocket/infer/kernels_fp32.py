@@ -72,6 +72,37 @@ def bias_act(out, y, rb, cb, b, act, alpha):
                 dst[i] = activate(np.float64(row[i] + bo), act, alpha)
 
 
+@njit(cache=True, inline="always")
+def bias_act_run(row, n, bo, act, alpha):
+    """row[:n] = activation(row[:n] + bo) in place: one contiguous loop, vectorized for none
+    and ReLU."""
+    if act == 0:
+        for i in range(n):
+            row[i] += bo
+    elif act == 1:
+        for i in range(n):
+            v = row[i] + bo
+            row[i] = v if v > 0 else np.float32(0.0)
+    else:
+        for i in range(n):
+            row[i] = activate(np.float64(row[i] + bo), act, alpha)
+
+
+@kernel
+def bias_act_cols(c, n, b, act, alpha):
+    """c (O, M) f32, column i < n the sums of row i -> activation(c + b[o]) in place and
+    columns n..M zeros (b may be empty): a linear's result left in the layout of the next
+    linear's GEMM inputs (see lowering.chained_linears); zeros, so that the next GEMM's last
+    tile never meets NaN or denormal junk."""
+    o, m = c.shape
+    has_bias = b.shape[0] > 0
+    for j in prange(o):
+        row = c[j]
+        bias_act_run(row, n, b[j] if has_bias else np.float32(0.0), act, alpha)
+        for i in range(n, m):
+            row[i] = np.float32(0.0)
+
+
 @kernel
 def bias_act_rows(out, y, b, act, alpha):
     """out (N, O) = activation(y (N, O) + b (O,)) (b may be empty); out may be y.

@@ -544,3 +544,24 @@ def requant_cols_t(out, c, cf, bias, m, to_int8, y_zp, lo, relu):
         else:
             for oc in range(o):
                 out[i, oc] = cf[oc, i]
+
+
+@kernel
+def requant_cols_pack(xq, c, cf, n, bias, m, y_zp, lo, relu):
+    """c (O, >= n) i32 (cf: the same memory as float32), row i's sums in column i -> xq
+    (O/4, >= n) u32: the int8 codes of epilogue(c + bias) in the next VNNI linear's packed
+    layout, as pack_rows_t writes it (channels 4q..4q+3 of row i in word (q, i), low byte
+    first, + 128 each). Columns n.. of xq are left as they are (the next GEMM's results there
+    are never read). Overwrites c.
+
+    NOTE: a linear's int8 result that only the next linear reads (see
+    lowering.chained_linears): no transposing copy here and no pack_rows_t there."""
+    for q in prange(c.shape[0] // 4):
+        for r in range(4):
+            oc = 4 * q + r
+            _epilogue_run(c, cf, oc, n, bias[oc], m[oc], y_zp, lo, True, relu)
+        c0, c1, c2, c3, dst = c[4 * q], c[4 * q + 1], c[4 * q + 2], c[4 * q + 3], xq[q]
+        for i in range(n):
+            word = ((c0[i] & 0xFF) | ((c1[i] & 0xFF) << 8) | ((c2[i] & 0xFF) << 16)
+                    | ((c3[i] & 0xFF) << 24))
+            dst[i] = np.uint32(word) ^ np.uint32(0x80808080)

@@ -14,6 +14,7 @@ from pocket.errors import PocketError
 from pocket.formats import reference as ref
 from pocket.formats.container import read_container
 from pocket.formats.errors import FormatError
+from pocket.formats.ir import Graph
 from pocket.infer import Engine, EngineError, lowering
 from pocket.infer import engine as engine_mod
 
@@ -222,3 +223,43 @@ def test_input_fed_in_place(int8, n, tmp_path):
                 else:
                     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         assert eng._bind(n).feed is not None
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_chained_linears(int8, tmp_path, monkeypatch):
+    """An MLP's linears hand their results on in the next one's packed layout
+    (lowering.chained_linears): outputs equal, bit for bit, those of the same engine without
+    chains, and the reference's, below and above the rows where chains start; a value that is
+    also a graph output (a tap) is left in its own layout."""
+    from pocket.infer import kernels_fma, kernels_vnni
+
+    if not (kernels_vnni.AVAILABLE if int8 else kernels_fma.AVAILABLE):
+        pytest.skip("this CPU has neither of the chained GEMM routes")
+    rng = np.random.default_rng(5)
+    g, p = mlp(rng)
+    q = None
+    if int8:
+        g, p, q = quantize_sequential(g, p, rng.random((16, 784), dtype=np.float32))
+    linears = [s for s, node in enumerate(g.nodes) if node.op == "linear"]
+    path = save_model(tmp_path / "m.bin", g, p, q)
+    tapped = Graph(dict(g.inputs), [*g.outputs, g.nodes[linears[0]].outputs[0]], list(g.nodes),
+                   dict(g.params), dict(g.metadata))
+    tpath = save_model(tmp_path / "t.bin", tapped, p, q)
+    xs = [rng.random((n, 784), dtype=np.float32) for n in (1, lowering.CHAIN_ROWS - 1,
+                                                             lowering.CHAIN_ROWS, 17, 64)]
+    with Engine(path) as eng, Engine(tpath) as teng:
+        assert sorted(eng._chained) == linears[:2]
+        assert sorted(teng._chained) == linears[1:2]
+        got = [eng.run(x, copy=True) for x in xs]
+        tapped_got = [teng.run_all(x, copy=True)[g.outputs[0]] for x in xs]
+    monkeypatch.setattr(lowering, "chained_linears", lambda eng: {})
+    with Engine(path) as eng:
+        assert not eng._chained
+        plain = [eng.run(x, copy=True) for x in xs]
+    for x, a, b, c in zip(xs, got, plain, tapped_got):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+        want = ref.run(g, p, x, q)[g.outputs[0]]
+        if int8:
+            assert np.array_equal(a, want)
+        else:
+            np.testing.assert_allclose(a, want, rtol=1e-5, atol=1e-5)

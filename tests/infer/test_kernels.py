@@ -578,3 +578,19 @@ def test_bias_act_pool(pool, hw, act, wide):
         y2, rb, cb = y.reshape(n * o, h * w), o, 0
     kf.bias_act_pool(got, y2, rb, cb, w, kh, kw, sh, sw, b, kf.ACT[act], 0.1)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["relu", "none", "sigmoid"])
+@pytest.mark.parametrize("n,m", [(1, 16), (17, 32), (64, 64)])
+def test_bias_act_cols(act, n, m):
+    """A chained linear's epilogue: act(c + b) on the first n columns of each row, in place,
+    and zeros after them (the next GEMM's last tile), against NumPy."""
+    o = 5
+    c = RNG.standard_normal((o, m)).astype(np.float32)
+    c[:, n:] = np.nan  # junk the GEMM wrote past the rows
+    b = RNG.standard_normal(o).astype(np.float32)
+    v = (c[:, :n] + b[:, None]).astype(np.float64)
+    z = {"relu": np.maximum(v, 0), "none": v, "sigmoid": 1 / (1 + np.exp(-v))}[act]
+    kf.bias_act_cols(c, n, b, kf.ACT[act], 0.0)
+    np.testing.assert_allclose(c[:, :n], z, rtol=1e-6, atol=1e-7)
+    assert not c[:, n:].any()

@@ -150,3 +150,24 @@ def test_requant_cols_pool(k, s):
         for j in range(k[1]):
             want = np.maximum(want, y[:, :, i:i + s[0] * ho:s[0], j:j + s[1] * wo:s[1]])
     assert np.array_equal(out, want.astype(np.int8))
+
+
+@needs_vnni
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("n", [16, 17, 64])
+def test_requant_cols_pack(relu, n):
+    """A chained linear's int8 epilogue leaves the codes as pack_rows_t would pack them for the
+    next linear (four channels a word, + 128 a byte), and columns past the rows untouched."""
+    o, mp = 12, _cols(n)
+    c = RNG.integers(-(2**20), 2**20, (o, mp + 16)).astype(np.int32)
+    bias, m = RNG.integers(-500, 500, o).astype(np.int64), RNG.random(o) * 1e-4
+    lo = 3.0 if relu else -128.0
+    codes = np.clip(np.rint((c[:, :n] + bias[:, None]) * m[:, None]) + 3, lo, 127).astype(np.int8)
+    want = np.zeros((o // 4, mp), np.uint32)
+    kv.pack_rows_t(want, np.ascontiguousarray(codes.T).view(np.uint32))
+    got = np.full((o // 4, mp), 0xDEADBEEF, np.uint32)
+    kv.requant_cols_pack(got, c, c.view(np.float32), n, bias, m, 3.0, lo, relu)
+    assert np.array_equal(got[:, :n], want[:, :n])
+    assert (got[:, n:] == 0xDEADBEEF).all()
+    words = ((codes.astype(np.int64).T + 128).reshape(n, o // 4, 4) << np.array([0, 8, 16, 24])).sum(-1)
+    assert np.array_equal(got[:, :n], words.T.astype(np.uint32))
