@@ -468,9 +468,9 @@ def tile_cols(m: int) -> int:
 
 
 @kernel
-def gemm(c, w, x, offs, nb, o, m, xs, ws, cs, ldc):
+def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc):
     """nb independent GEMMs: for b < nb, C_b (o, m) = W_b (o, K) @ X_b, K = offs.shape[0],
-    where W_b's rows start at w.flat[b*ws] (K apart), C_b's at c.flat[b*cs] (ldc apart),
+    where W_b's rows start at w.flat[b*ws] (ldw apart), C_b's at c.flat[b*cs] (ldc apart),
     and X_b's row k at x.flat[b*xs] + offs[k] bytes (m % HALF_P == 0; every row's m floats
     must be readable). Strides in elements.
 
@@ -496,9 +496,9 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, cs, ldc):
         for k0 in range(0, k, BLOCK_K):
             nk = min(BLOCK_K, k - k0)
             for o0 in range(ob, min(o, ob + per_o), TILE_O):
-                wr, cr = wa + (b * ws + o0 * k + k0) * 4, cb + o0 * ldc * 4
+                wr, cr = wa + (b * ws + o0 * ldw + k0) * 4, cb + o0 * ldc * 4
                 for pt in range(g * GROUP_P, min(n_p, (g + 1) * GROUP_P)):
-                    args = (wr, k * 4, xb + pt * (TILE_P * 4), oa + k0 * 8, nk,
+                    args = (wr, ldw * 4, xb + pt * (TILE_P * 4), oa + k0 * 8, nk,
                             cr + pt * (TILE_P * 4), ldc * 4, k0, min(TILE_O, o - o0))
                     if (pt + 1) * TILE_P <= m:
                         _tile(*args)

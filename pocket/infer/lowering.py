@@ -52,6 +52,12 @@ FMA_SCRATCH_BYTES = 2 << 20
 # copy costs about as much as this many multiply-adds per column element (measured: ~0.2 ns
 # against ~0.012 ns a multiply-add), shared by the output channels.
 FMA_IM2COL_MACS = 17
+# ... and on two or more threads an im2col conv with this many columns a chunk (batch 1 on
+# 6x6 to 11x11 maps) runs its GEMM as two over the halves of K, then adds them: split by
+# output channels, each core read the im2col rows the other core had written, and the 8x8
+# layers of cnn_cifar fp32 at batch 1 ran 15-20% slower after im2col than alone (whole
+# model, 2 threads: ~2% faster). 4x4 maps gained nothing; one thread lost the add (1.5%).
+FMA_KSPLIT_COLS = (32, 128)
 # ... and an fp32 linear with at least this many rows runs on its GEMM too (the rows as its
 # pixels); fewer rows take its dot-product kernel along K (one tile would be mostly junk).
 FMA_LINEAR_ROWS = 16
@@ -325,7 +331,9 @@ def _prep_fma(eng: Engine, node: Node, d: dict) -> dict:
     d["kind"] = "fma_cols"
     d["chunk"] = max(1, min(eng.max_batch, FMA_SCRATCH_BYTES // ((k + o) * p * 4)))
     cols = kfma.tile_cols(d["chunk"] * p)
-    d["scratch_bytes"] = _aligned(k * cols * 4) + _aligned(o * cols * 4)
+    # (two results while the GEMM runs over the halves of K)
+    halves_cols = 2 * min(cols, FMA_KSPLIT_COLS[1])
+    d["scratch_bytes"] = _aligned(k * cols * 4) + _aligned(o * max(cols, halves_cols) * 4)
     return d
 
 
@@ -427,11 +435,11 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
         offs = kfma.row_offsets(k, cols)
         if step in eng._chained and n >= CHAIN_ROWS:  # y.T, for the next linear
             yt = eng._packed(node.outputs[0], np.float32, (o, cols))
-            return [*calls, partial(kfma.gemm, yt, w, xt, offs, 1, o, cols, 0, 0, 0, cols),
+            return [*calls, partial(kfma.gemm, yt, w, xt, offs, 1, o, cols, 0, 0, k, 0, cols),
                     partial(kf.bias_act_cols, yt, n, d["b"], _act_code(a), a["alpha"])]
         ldc = cols + _LINEAR_SKEW
         c = eng._scratch(step, np.float32, (o, ldc), _aligned(k * kfma.tile_cols(eng.max_batch) * 4))
-        return [*calls, partial(kfma.gemm, c, w, xt, offs, 1, o, cols, 0, 0, 0, ldc),
+        return [*calls, partial(kfma.gemm, c, w, xt, offs, 1, o, cols, 0, 0, k, 0, ldc),
                 partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), a["alpha"])]
     if kfma.AVAILABLE:
         return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"]),
@@ -566,7 +574,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                 if cols > m * th * tw:  # the GEMM's last tile: zeros, never denormals
                     calls.append(partial(v[:, :, m * th * tw:].fill, 0))
                 calls.append(partial(kfma.gemm, mm, u, v, kfma.row_offsets(c, cols), 16, o, cols,
-                                     v.strides[0] // 4, o * c + _U_SKEW, mm.strides[0] // 4, cols))
+                                     v.strides[0] // 4, o * c + _U_SKEW, c, mm.strides[0] // 4, cols))
             else:
                 calls.append(partial(np.matmul, u[:, :o * c].reshape(16, o, c), v, out=mm))
             calls.append(partial(kfma.output_transform if fast else kwg.output_transform,
@@ -580,7 +588,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                               _aligned((d["chunk"] * padded + d["slack"]) * 4))
             kh, kw, sh, sw, ph, pw, dh, dw = geom
             calls += [partial(kf.pad_images, xpad, xs, ph, pw, d["hp"], d["wp"], np.float32(0)),
-                      partial(kfma.gemm, yw, d["w2"], xpad, d["offs"], m, o, mpi, padded, 0, mpi,
+                      partial(kfma.gemm, yw, d["w2"], xpad, d["offs"], m, o, mpi, padded, 0, k, mpi,
                               m * mpi),
                       partial(kf.bias_act_pitch, y[start:start + m], yw, d["pitch"], mpi, d["b"], act,
                               alpha)
@@ -593,13 +601,22 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
         elif d["kind"] == "fma_cols":
             cols = kfma.tile_cols(m * p)
             col = eng._scratch(step, np.float32, (k, cols))
-            yw = eng._scratch(step, np.float32, (o, cols), _aligned(k * kfma.tile_cols(d["chunk"] * p) * 4))
+            # few columns: two GEMMs over the halves of K, each reading the rows its core's
+            # half of im2col wrote, then their sum
+            halves = 2 if (eng._threads > 1 and FMA_KSPLIT_COLS[0] <= cols <= FMA_KSPLIT_COLS[1]
+                           and k % 2 == 0) else 1
+            yw = eng._scratch(step, np.float32, (halves * o, cols),
+                              _aligned(k * kfma.tile_cols(d["chunk"] * p) * 4))
+            kpart = k // halves
             if cols > m * p:
                 calls.append(partial(col[:, m * p:].fill, 0))
             calls += [_im2col(col, xs, geom, np.float32(0), 0, p),
-                      partial(kfma.gemm, yw, d["w2"], col, kfma.row_offsets(k, cols), 1, o, cols, 0,
-                              0, 0, cols),
-                      partial(kf.bias_act, ys, yw, 0, p, d["b"], act, alpha) if pool is None else
+                      partial(kfma.gemm, yw, d["w2"], col, kfma.row_offsets(kpart, cols), halves, o, cols,
+                              kpart * cols, kpart, k, o * cols, cols)]
+            if halves == 2:
+                calls.append(partial(kf.add, yw[:o].reshape(-1), yw[:o].reshape(-1), yw[o:].reshape(-1)))
+            yw = yw[:o]
+            calls += [partial(kf.bias_act, ys, yw, 0, p, d["b"], act, alpha) if pool is None else
                       partial(kf.bias_act_pool, pool[start:start + m], yw, 0, p, x_w, *pool_geom,
                               d["b"], act, alpha)]
         elif d["kind"] == "gemm_pitch":

@@ -594,3 +594,35 @@ def test_bias_act_cols(act, n, m):
     kf.bias_act_cols(c, n, b, kf.ACT[act], 0.0)
     np.testing.assert_allclose(c[:, :n], z, rtol=1e-6, atol=1e-7)
     assert not c[:, n:].any()
+
+
+@pytest.mark.parametrize("hw,n,split", [((8, 8), 1, True), ((8, 8), 2, True), ((4, 4), 3, True),
+                                        ((4, 4), 1, False), ((8, 8), 3, False)])
+def test_conv2d_fp32_k_halves(hw, n, split):
+    """On two threads an im2col conv of 32..128 columns a chunk runs two GEMMs over the halves
+    of K and adds them (lowering.FMA_KSPLIT_COLS): still the convolution, with and without a
+    fused maxpool."""
+    from pocket.infer import kernels_fma
+
+    if not kernels_fma.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512")
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two threads")
+    c, o = 16, 96  # enough channels that the pitch's junk columns lose to im2col
+    params = _conv_params(c, o, 3, 3, 1)
+    x = RNG.standard_normal((n, c, *hw)).astype(np.float32)
+    conv = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {
+        "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1, "activation": "relu"})
+    pool = Node("pool", "maxpool2d", ["y"], ["z"], {"kernel": [2, 2], "padding": [0, 0]})
+    for nodes in ([conv], [conv, pool]):
+        g = Graph({"x": ValueInfo("f32", ("N", c, *hw))}, [nodes[-1].outputs[0]], nodes,
+                  {k: _info(v) for k, v in params.items()})
+        want = ref.run(g, params, x)[g.outputs[0]]
+        with Engine(FakeContainer(g, params), max_batch=4, threads=2) as eng:
+            got = eng.run(x, copy=True)
+            names = [getattr(getattr(call, "func", call), "__name__", "") for call in eng._bind(n).calls]
+        halves = "add" in names or "add_serial" in names
+        assert halves == split
+        assert_close(got, want, scale=c * 9)

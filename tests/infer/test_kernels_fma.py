@@ -49,7 +49,7 @@ def test_gemm_explicit_rows(nb, o, k, m, serial):
     w = RNG.standard_normal((nb, o, k)).astype(np.float32)
     c = np.full((nb, o, m), np.nan, np.float32)
     fn = kfma.gemm.serial if serial else kfma.gemm
-    fn(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, o * k, o * m, m)
+    fn(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, o * k, k, o * m, m)
     for b in range(nb):
         want = _naive(w[b], x[b])
         np.testing.assert_allclose(c[b], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
@@ -63,7 +63,7 @@ def test_gemm_shared_weights_and_wide_rows():
     x = RNG.standard_normal((nb, k, m)).astype(np.float32)
     w = RNG.standard_normal((o, k)).astype(np.float32)
     c = np.full((o, ldc), 7.0, np.float32)
-    kfma.gemm(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, 0, m, ldc)
+    kfma.gemm(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, 0, k, m, ldc)
     for b in range(nb):
         np.testing.assert_allclose(c[:, b * m:(b + 1) * m], _naive(w, x[b]), rtol=1e-5, atol=1e-5)
     assert np.all(c[:, nb * m:] == 7.0)
@@ -86,7 +86,7 @@ def test_gemm_pitch_offsets_are_a_convolution(c_in, h, w, kh, kw, dh, dw):
     xpad[:n * img].reshape(n, c_in, hp, wp)[:, :, ph:ph + h, pw:pw + w] = x
     c = np.zeros((o, n * mpi), np.float32)
     offs = kfma.pitch_offsets(c_in, hp, wp, kh, kw, dh, dw)
-    kfma.gemm(c, wt.reshape(o, -1), xpad, offs, n, o, mpi, img, 0, mpi, n * mpi)
+    kfma.gemm(c, wt.reshape(o, -1), xpad, offs, n, o, mpi, img, 0, offs.shape[0], mpi, n * mpi)
     xp = xpad[:n * img].reshape(n, c_in, hp, wp).astype(np.float64)
     for b in range(n):
         want = np.zeros((o, ho, wo))
