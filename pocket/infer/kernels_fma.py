@@ -57,15 +57,16 @@ def _make_tile(nv: int):
     (1..TILE_O).
 
     Addresses in bytes: w (rows of ldw, float32), x (the tile's first pixel), offs (int64 byte
-    offsets from x, one per k), c (rows of ldc). With acc != 0 the sums start from c.
+    offsets from x, one per k), c (rows of ldc). With acc != 0 the sums start from c. With
+    bias != 0 (the address of row 0's bias) c gets the sums + bias, then a ReLU if relu != 0.
     """
 
     @intrinsic
-    def tile(typingctx, w, ldw, x, offs, nk, c, ldc, acc, rows):
-        sig = types.void(*[types.intp] * 9)
+    def tile(typingctx, w, ldw, x, offs, nk, c, ldc, acc, rows, bias, relu):
+        sig = types.void(*[types.intp] * 11)
 
         def codegen(context, builder, signature, args):
-            w, ldw, x, offs, nk, c, ldc, acc, rows = args
+            w, ldw, x, offs, nk, c, ldc, acc, rows, bias, relu = args
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                                  "llvm.fma.v16f32")
             start = builder.icmp_signed("!=", acc, _const(0))
@@ -92,10 +93,23 @@ def _make_tile(nv: int):
                 return out
 
             final = _loop(builder, nk, init, step)
-            for r in range(TILE_O):
-                with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
-                    for v in range(nv):
-                        builder.store(final[r * nv + v], _ptr(builder, c_at[r][v], _VF), align=4)
+
+            def store(epilogue):
+                for r in range(TILE_O):
+                    with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+                        if epilogue:
+                            bo = builder.load(_ptr(builder, builder.add(bias, _const(4 * r)), _F32), align=4)
+                        for v in range(nv):
+                            val = final[r * nv + v]
+                            if epilogue:
+                                val = _bias_relu(builder, val, bo, relu)
+                            builder.store(val, _ptr(builder, c_at[r][v], _VF), align=4)
+
+            with builder.if_else(builder.icmp_signed("!=", bias, _const(0))) as (then, otherwise):
+                with then:
+                    store(True)
+                with otherwise:
+                    store(False)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -468,11 +482,12 @@ def tile_cols(m: int) -> int:
 
 
 @kernel
-def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc):
+def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc, b, epi):
     """nb independent GEMMs: for b < nb, C_b (o, m) = W_b (o, K) @ X_b, K = offs.shape[0],
     where W_b's rows start at w.flat[b*ws] (ldw apart), C_b's at c.flat[b*cs] (ldc apart),
     and X_b's row k at x.flat[b*xs] + offs[k] bytes (m % HALF_P == 0; every row's m floats
-    must be readable). Strides in elements.
+    must be readable). Strides in elements. epi 1: C_b gets + b (O,) too, epi 2: then a ReLU
+    (the epilogue of a linear, applied to the tile in registers); 0: the plain sums.
 
     NOTE: blocked for the caches like any GEMM: a group of GROUP_P pixel tiles x BLOCK_K rows
     of inputs stays in L2 while each channel tile's BLOCK_K weights (8 KiB, in L1) pass over
@@ -483,6 +498,7 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc):
     k = offs.shape[0]
     wa, xa, ca, oa = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
                       np.int64(offs.ctypes.data))
+    ba, relu = np.int64(b.ctypes.data), np.int64(epi == 2)
     n_p = (m + TILE_P - 1) // TILE_P  # the last one a half tile when m % TILE_P != 0
     n_g = (n_p + GROUP_P - 1) // GROUP_P
     tiles_o = (o + TILE_O - 1) // TILE_O
@@ -490,16 +506,17 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc):
     per_o = (tiles_o + n_o - 1) // n_o * TILE_O
     n_o = (o + per_o - 1) // per_o
     for t in prange(nb * n_g * n_o):
-        b, rest = t // (n_g * n_o), t % (n_g * n_o)
+        item, rest = t // (n_g * n_o), t % (n_g * n_o)
         g, ob = rest // n_o, (rest % n_o) * per_o
-        xb, cb = xa + b * xs * 4, ca + (b * cs) * 4
+        xb, cb = xa + item * xs * 4, ca + (item * cs) * 4
         for k0 in range(0, k, BLOCK_K):
             nk = min(BLOCK_K, k - k0)
             for o0 in range(ob, min(o, ob + per_o), TILE_O):
-                wr, cr = wa + (b * ws + o0 * ldw + k0) * 4, cb + o0 * ldc * 4
+                wr, cr = wa + (item * ws + o0 * ldw + k0) * 4, cb + o0 * ldc * 4
+                bias = ba + o0 * 4 if epi != 0 and k0 + nk == k else np.int64(0)
                 for pt in range(g * GROUP_P, min(n_p, (g + 1) * GROUP_P)):
                     args = (wr, ldw * 4, xb + pt * (TILE_P * 4), oa + k0 * 8, nk,
-                            cr + pt * (TILE_P * 4), ldc * 4, k0, min(TILE_O, o - o0))
+                            cr + pt * (TILE_P * 4), ldc * 4, k0, min(TILE_O, o - o0), bias, relu)
                     if (pt + 1) * TILE_P <= m:
                         _tile(*args)
                     else:

@@ -435,11 +435,17 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
         offs = kfma.row_offsets(k, cols)
         if step in eng._chained and n >= CHAIN_ROWS:  # y.T, for the next linear
             yt = eng._packed(node.outputs[0], np.float32, (o, cols))
-            return [*calls, partial(kfma.gemm, yt, w, xt, offs, 1, o, cols, 0, 0, k, 0, cols),
-                    partial(kf.bias_act_cols, yt, n, d["b"], _act_code(a), a["alpha"])]
+            act = _act_code(a)
+            if d["b"].size and act in (0, 1):
+                # bias and ReLU on the GEMM's tiles in registers; the columns past the rows
+                # get act(bias): finite, and the next GEMM's results there are never read
+                return [*calls, partial(kfma.gemm, yt, w, xt, offs, 1, o, cols, 0, 0, k, 0, cols, d["b"],
+                                        1 + act)]
+            return [*calls, partial(kfma.gemm, yt, w, xt, offs, 1, o, cols, 0, 0, k, 0, cols, _EMPTY_F32, 0),
+                    partial(kf.bias_act_cols, yt, n, d["b"], act, a["alpha"])]
         ldc = cols + _LINEAR_SKEW
         c = eng._scratch(step, np.float32, (o, ldc), _aligned(k * kfma.tile_cols(eng.max_batch) * 4))
-        return [*calls, partial(kfma.gemm, c, w, xt, offs, 1, o, cols, 0, 0, k, 0, ldc),
+        return [*calls, partial(kfma.gemm, c, w, xt, offs, 1, o, cols, 0, 0, k, 0, ldc, _EMPTY_F32, 0),
                 partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), a["alpha"])]
     if kfma.AVAILABLE:
         return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"]),
@@ -574,7 +580,8 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                 if cols > m * th * tw:  # the GEMM's last tile: zeros, never denormals
                     calls.append(partial(v[:, :, m * th * tw:].fill, 0))
                 calls.append(partial(kfma.gemm, mm, u, v, kfma.row_offsets(c, cols), 16, o, cols,
-                                     v.strides[0] // 4, o * c + _U_SKEW, c, mm.strides[0] // 4, cols))
+                                     v.strides[0] // 4, o * c + _U_SKEW, c, mm.strides[0] // 4, cols,
+                                     _EMPTY_F32, 0))
             else:
                 calls.append(partial(np.matmul, u[:, :o * c].reshape(16, o, c), v, out=mm))
             calls.append(partial(kfma.output_transform if fast else kwg.output_transform,
@@ -589,7 +596,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             kh, kw, sh, sw, ph, pw, dh, dw = geom
             calls += [partial(kf.pad_images, xpad, xs, ph, pw, d["hp"], d["wp"], np.float32(0)),
                       partial(kfma.gemm, yw, d["w2"], xpad, d["offs"], m, o, mpi, padded, 0, k, mpi,
-                              m * mpi),
+                              m * mpi, _EMPTY_F32, 0),
                       partial(kf.bias_act_pitch, y[start:start + m], yw, d["pitch"], mpi, d["b"], act,
                               alpha)
                       if pool is None else
@@ -612,7 +619,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                 calls.append(partial(col[:, m * p:].fill, 0))
             calls += [_im2col(col, xs, geom, np.float32(0), 0, p),
                       partial(kfma.gemm, yw, d["w2"], col, kfma.row_offsets(kpart, cols), halves, o, cols,
-                              kpart * cols, kpart, k, o * cols, cols)]
+                              kpart * cols, kpart, k, o * cols, cols, _EMPTY_F32, 0)]
             if halves == 2:
                 calls.append(partial(kf.add, yw[:o].reshape(-1), yw[:o].reshape(-1), yw[o:].reshape(-1)))
             yw = yw[:o]

@@ -17,6 +17,7 @@ from pocket.infer import kernels_fma as kfma
 
 needs_fma = pytest.mark.skipif(not kfma.AVAILABLE, reason="this CPU has no AVX-512")
 RNG = np.random.default_rng(12)
+NO_BIAS = np.zeros(0, np.float32)
 
 
 @pytest.mark.parametrize("module,switch", [("kernels_fma", "POCKET_FP32_FMA"),
@@ -49,10 +50,27 @@ def test_gemm_explicit_rows(nb, o, k, m, serial):
     w = RNG.standard_normal((nb, o, k)).astype(np.float32)
     c = np.full((nb, o, m), np.nan, np.float32)
     fn = kfma.gemm.serial if serial else kfma.gemm
-    fn(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, o * k, k, o * m, m)
+    fn(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, o * k, k, o * m, m, NO_BIAS, 0)
     for b in range(nb):
         want = _naive(w[b], x[b])
         np.testing.assert_allclose(c[b], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+@needs_fma
+@pytest.mark.parametrize("epi", [1, 2])
+@pytest.mark.parametrize("o,k,m", [(7, 5, 48), (17, 600, 64), (8, 256, 16)])
+def test_gemm_fused_epilogue(epi, o, k, m):
+    """epi 1 adds the bias to the sums, epi 2 then takes a ReLU, on the tiles in registers:
+    once, after the last block of K, whatever the channel tail and tile width."""
+    x = RNG.standard_normal((k, m)).astype(np.float32)
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    c = np.full((o, m), np.nan, np.float32)
+    kfma.gemm(c, w, x, kfma.row_offsets(k, m), 1, o, m, 0, 0, k, 0, m, b, epi)
+    want = _naive(w, x) + b[:, None]
+    if epi == 2:
+        want = np.maximum(want, 0)
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
 @needs_fma
@@ -63,7 +81,7 @@ def test_gemm_shared_weights_and_wide_rows():
     x = RNG.standard_normal((nb, k, m)).astype(np.float32)
     w = RNG.standard_normal((o, k)).astype(np.float32)
     c = np.full((o, ldc), 7.0, np.float32)
-    kfma.gemm(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, 0, k, m, ldc)
+    kfma.gemm(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, 0, k, m, ldc, NO_BIAS, 0)
     for b in range(nb):
         np.testing.assert_allclose(c[:, b * m:(b + 1) * m], _naive(w, x[b]), rtol=1e-5, atol=1e-5)
     assert np.all(c[:, nb * m:] == 7.0)
@@ -86,7 +104,7 @@ def test_gemm_pitch_offsets_are_a_convolution(c_in, h, w, kh, kw, dh, dw):
     xpad[:n * img].reshape(n, c_in, hp, wp)[:, :, ph:ph + h, pw:pw + w] = x
     c = np.zeros((o, n * mpi), np.float32)
     offs = kfma.pitch_offsets(c_in, hp, wp, kh, kw, dh, dw)
-    kfma.gemm(c, wt.reshape(o, -1), xpad, offs, n, o, mpi, img, 0, offs.shape[0], mpi, n * mpi)
+    kfma.gemm(c, wt.reshape(o, -1), xpad, offs, n, o, mpi, img, 0, offs.shape[0], mpi, n * mpi, NO_BIAS, 0)
     xp = xpad[:n * img].reshape(n, c_in, hp, wp).astype(np.float64)
     for b in range(n):
         want = np.zeros((o, ho, wo))
