@@ -431,7 +431,7 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
             xt = eng._packed(node.inputs[0], np.float32, (k, cols))
         else:
             xt = eng._scratch(step, np.float32, (k, cols))
-            calls.append(partial(kfma.transpose_in, xt, x.reshape(n, k)))
+            calls.append(partial(kfma.transpose_in, xt, x.reshape(n, k), eng._threads == 1))
         offs = kfma.row_offsets(k, cols)
         if step in eng._chained and n >= CHAIN_ROWS:  # y.T, for the next linear
             yt = eng._packed(node.outputs[0], np.float32, (o, cols))

@@ -227,3 +227,15 @@ def test_bias_act_pool2_pitch_equals_numba_loop(ho, wo, pitch, act):
     z = np.maximum(z, 0) if act else z
     pooled = z[:, :, :ho // 2 * 2, :wo // 2 * 2].reshape(o, n, ho // 2, 2, wo // 2, 2).max(axis=(3, 5))
     np.testing.assert_allclose(got, pooled.transpose(1, 0, 2, 3), rtol=1e-6, atol=1e-6)
+
+
+@needs_fma
+@pytest.mark.parametrize("blocks", [True, False])
+@pytest.mark.parametrize("n,k", [(64, 784), (17, 33), (16, 16), (5, 40), (31, 17)])
+def test_transpose_in(blocks, n, k):
+    """A linear's rows become GEMM columns: xt = x.T, zeros past the rows, with and without
+    the 16 x 16 register blocks (whole blocks, then the ragged rows and columns)."""
+    x = RNG.standard_normal((n, k)).astype(np.float32)
+    xt = np.full((k, kfma.tile_cols(n)), np.nan, np.float32)
+    kfma.transpose_in(xt, x, blocks)
+    assert np.array_equal(xt[:, :n], x.T) and not xt[:, n:].any()
