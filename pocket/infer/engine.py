@@ -256,6 +256,14 @@ class Engine:
 
     # ---- planning
 
+    def readers(self) -> dict[str, list[int]]:
+        """{value: the steps that read it}."""
+        readers: dict[str, list[int]] = {}
+        for step, node in enumerate(self.graph.nodes):
+            for v in node.inputs:
+                readers.setdefault(v, []).append(step)
+        return readers
+
     def _fusable_pools(self) -> dict[int, int]:
         """{conv step: maxpool step} where the conv's only reader is an unpadded maxpool and
         its activation is non-decreasing: the conv's epilogue then writes the pooled output
@@ -263,10 +271,7 @@ class Engine:
         from pocket.infer import kernels_fp32 as kf
         from pocket.infer.lowering import POOL_FUSING_KINDS
 
-        readers: dict[str, list[int]] = {}
-        for step, node in enumerate(self.graph.nodes):
-            for v in node.inputs:
-                readers.setdefault(v, []).append(step)
+        readers = self.readers()
         fused = {}
         for step, node in enumerate(self.graph.nodes):
             out, a = node.outputs[0], node.attrs

@@ -614,7 +614,7 @@ def bias_act_t(out, c, b, act, alpha):
     n, o = out.shape
     has_bias = b.shape[0] > 0
     for j in prange(o):
-        bias_act_run(c[j], n, b[j] if has_bias else np.float32(0.0), act, alpha)
+        bias_act_run(c[j], c[j], n, b[j] if has_bias else np.float32(0.0), act, alpha)
     for i in prange(n):
         for j in range(o):
             out[i, j] = c[j, i]

@@ -58,34 +58,24 @@ def bias_act(out, y, rb, cb, b, act, alpha):
     has_bias = b.shape[0] > 0
     for r in prange(n * o):
         bi, oc = r // o, r % o
-        row, dst = y[bi * rb + oc, bi * cb:bi * cb + p], out[bi, oc]
-        bo = b[oc] if has_bias else np.float32(0.0)
-        if act == 0:
-            for i in range(p):
-                dst[i] = row[i] + bo
-        elif act == 1:
-            for i in range(p):
-                v = row[i] + bo
-                dst[i] = v if v > 0 else np.float32(0.0)
-        else:
-            for i in range(p):
-                dst[i] = activate(np.float64(row[i] + bo), act, alpha)
+        bias_act_run(out[bi, oc], y[bi * rb + oc, bi * cb:bi * cb + p], p,
+                     b[oc] if has_bias else np.float32(0.0), act, alpha)
 
 
 @njit(cache=True, inline="always")
-def bias_act_run(row, n, bo, act, alpha):
-    """row[:n] = activation(row[:n] + bo) in place: one contiguous loop, vectorized for none
-    and ReLU."""
+def bias_act_run(dst, src, n, bo, act, alpha):
+    """dst[:n] = activation(src[:n] + bo) (dst may be src): one contiguous loop, vectorized
+    for none and ReLU."""
     if act == 0:
         for i in range(n):
-            row[i] += bo
+            dst[i] = src[i] + bo
     elif act == 1:
         for i in range(n):
-            v = row[i] + bo
-            row[i] = v if v > 0 else np.float32(0.0)
+            v = src[i] + bo
+            dst[i] = v if v > 0 else np.float32(0.0)
     else:
         for i in range(n):
-            row[i] = activate(np.float64(row[i] + bo), act, alpha)
+            dst[i] = activate(np.float64(src[i] + bo), act, alpha)
 
 
 @kernel
@@ -98,7 +88,7 @@ def bias_act_cols(c, n, b, act, alpha):
     has_bias = b.shape[0] > 0
     for j in prange(o):
         row = c[j]
-        bias_act_run(row, n, b[j] if has_bias else np.float32(0.0), act, alpha)
+        bias_act_run(row, row, n, b[j] if has_bias else np.float32(0.0), act, alpha)
         for i in range(n, m):
             row[i] = np.float32(0.0)
 
@@ -396,13 +386,7 @@ def bias_act_pool(out, y, rb, cb, wd, kh, kw, sh, sw, b, act, alpha):
                     s0 = base + i * wd + j
                     for ow in range(wo):
                         d[ow] = max(d[ow], row[np.uint64(s0 + ow * sw)])
-            if act == 1:
-                for ow in range(wo):
-                    v = d[ow] + bo
-                    d[ow] = v if v > 0 else np.float32(0.0)
-            else:
-                for ow in range(wo):
-                    d[ow] = activate(np.float64(d[ow] + bo), act, alpha)
+            bias_act_run(d, d, wo, bo, act, alpha)
 
 
 # --------------------------------------------------------------------------- stride-1 convs at
