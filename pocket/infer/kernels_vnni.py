@@ -8,7 +8,7 @@ called from ordinary Numba kernels that walk the tiles.
 
 The unsigned operand is the activations shifted by +128 (x_u = x_q ^ 0x80, a bijection of the
 bytes); the engine folds the shift into the bias like x_zp (bias_adj = b_q - (x_zp + 128) *
-wsum). The weights are read in place, in their (O, C*kh*kw) layout.
+wsum). The weights are read in place, in their (O, C*kh*kw) layout, except by gemm_quad.
 
 - conv2d (groups 1): `pad_shift` writes the padded, shifted images once, `pack_cols` the
   activations as (ceil(K/4), Mp) u32 (the four bytes of one pixel's columns k..k+3 in one
@@ -18,6 +18,12 @@ wsum). The weights are read in place, in their (O, C*kh*kw) layout.
   a narrow tile over more channels); `requant_cols(_pool)`
   writes the int8 (or float32) output, with a fused maxpool. K % 4 != 0 (a first layer)
   pads the weights to whole words in the node's scratch each call (`pad_weights`).
+- conv2d (groups 1) at stride 1 with C % 4 == 0 whose columns would be at the pitch of Wp
+  anyway: no packed copy. `pad_quad` writes each image as C/4 planes of words, four channels
+  a word (+128 each), and `gemm_quad` reads its tiles' rows in place, row k4 = (c4, i, j) at
+  its own offset in the planes; the weights, reordered to match, are written to the node's
+  scratch once a call (`pack_weights_quad`, a few us). Each image's pixels end in a narrow
+  tile of their own, so narrow maps (packed at a pitch of Wo) keep the packed route.
 - linear with 16+ rows: `pack_rows_t` + `gemm_cols` the same way, `requant_cols_t`;
 - linear with fewer rows: `pack_rows` -> (N, Kp) u8 (room for K rounded up to 64), then
   `gemm_rows` -> c (N, O) int32: each `_dot` runs along K for 4 weight rows and reduces the
@@ -177,7 +183,7 @@ def _row_at(builder, base, r: int, rows, stride):
     return builder.add(base, builder.mul(rr, stride))
 
 
-def _make_tile(nv: int):
+def _make_tile(nv: int, indexed: bool = False):
     """c[r, 0:16nv] (+)= sum over k4 < n4 of w[r, 4k4:4k4+4] . xp[k4, 0:16nv, :] for r < rows
     (1..16 // nv): 16 accumulators (12 for nv = 3), one vpdpbusd each per step.
 
@@ -185,7 +191,8 @@ def _make_tile(nv: int):
     acc != 0 the sums start from c (a later block of K), else from zero. nv = 4 is the GEMM's
     tile of 64 pixels over 4 channels; 1-3 are its last, narrow one over 16, 8 or 5 channels
     (small maps end in it: a 4x4 map's 24 pixel-pitched columns at batch 1 filled 24 of a
-    64-pixel tile's).
+    64-pixel tile's). `indexed`: row k4 is at xp + offs[k4] instead, ldx being the address of
+    offs (int64 byte offsets; see gemm_quad).
     """
     tile_o = 16 // nv
 
@@ -204,7 +211,11 @@ def _make_tile(nv: int):
             w_at = [_row_at(builder, w, r, rows, ldw) for r in range(tile_o)]
 
             def step(i, accs):
-                xrow = builder.add(xp, builder.mul(i, ldx))
+                if indexed:
+                    at = builder.add(ldx, builder.mul(i, _const(8)))
+                    xrow = builder.add(xp, builder.load(_ptr(builder, at, _I64), align=8))
+                else:
+                    xrow = builder.add(xp, builder.mul(i, ldx))
                 xs = [builder.load(_ptr(builder, builder.add(xrow, _const(64 * v)), _V16), align=4)
                       for v in range(nv)]
                 k4 = builder.mul(i, _const(4))
@@ -229,6 +240,7 @@ def _make_tile(nv: int):
 
 
 _tile16, _tile32, _tile48, _tile64 = (_make_tile(nv) for nv in (1, 2, 3, 4))
+_itile16, _itile32, _itile48, _itile64 = (_make_tile(nv, True) for nv in (1, 2, 3, 4))
 _dot1, _dot2, _dot3, _dot4 = (_make_dot(r) for r in (1, 2, 3, 4))
 
 
@@ -242,6 +254,18 @@ def _tile_nv(nv, rows, w, ldw, xp, ldx, c, ldc, n4, acc):
         _tile32(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
     else:
         _tile48(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+
+
+@njit(cache=True, inline="always")
+def _itile_nv(nv, rows, w, ldw, xp, offs, c, ldc, n4, acc):
+    if nv == 4:
+        _itile64(w, ldw, xp, offs, c, ldc, n4, acc, rows)
+    elif nv == 1:
+        _itile16(w, ldw, xp, offs, c, ldc, n4, acc, rows)
+    elif nv == 2:
+        _itile32(w, ldw, xp, offs, c, ldc, n4, acc, rows)
+    else:
+        _itile48(w, ldw, xp, offs, c, ldc, n4, acc, rows)
 
 
 @njit(cache=True, inline="always")
@@ -287,6 +311,137 @@ def gemm_cols(c, w, xp):
             for o0 in range(ob, o_end, to):
                 _tile_nv(tnv, min(to, o_end - o0), wa + o0 * k + kk * 4, k, xa + (kk * mp + p0) * 4,
                          mp * 4, ca + (o0 * ldc + p0) * 4, ldc * 4, n4, kk)
+
+
+@kernel
+def gemm_quad(c, w, xq, offs, m, cpi, img):
+    """m images' stride-1 conv GEMMs on their channel-quad planes (see pad_quad), read in
+    place: for b < m, c[:, b*cpi : (b+1)*cpi] (O, cpi) i32 = w (O, 4*K4) i8 (in the order of
+    `pack_weights_quad`) @ X_b, where X_b's row k4 is the cpi words at xq.flat[b*img] +
+    offs[k4] bytes (`quad_offsets`; cpi % 16 == 0, every word readable).
+
+    NOTE: the same tiles and blocking as gemm_cols, one image's pixels at a time (an image's
+    last 16-48 pixels take the narrow tile): no packed copy of the columns is written; the
+    windows of neighbouring k4 rows overlap, so a tile's activations are fewer distinct
+    words than gemm_cols' 64 x BLOCK_K4."""
+    o, k = w.shape
+    k4 = offs.shape[0]
+    ldc = c.shape[1]
+    wa, xa, ca, oa = (np.int64(w.ctypes.data), np.int64(xq.ctypes.data), np.int64(c.ctypes.data),
+                      np.int64(offs.ctypes.data))
+    n_full, nv = cpi // TILE_P, (cpi % TILE_P) // 16
+    n_p = n_full + (1 if nv else 0)
+    tiles_o = (o + TILE_O - 1) // TILE_O
+    n_b = max(1, min(tiles_o, (8 + m * n_p - 1) // (m * n_p)))
+    per_b = (tiles_o + n_b - 1) // n_b * TILE_O
+    n_b = (o + per_b - 1) // per_b
+    narrow_o = 16 // max(nv, 1)
+    for t in prange(m * n_p * n_b):
+        b, rest = t // (n_p * n_b), t % (n_p * n_b)
+        pt, ob = rest // n_b, (rest % n_b) * per_b
+        p0, o_end = pt * TILE_P, min(o, ob + per_b)
+        xb, cb = xa + b * img * 4 + p0 * 4, ca + (b * cpi + p0) * 4
+        for kk in range(0, k4, BLOCK_K4):
+            n4 = min(BLOCK_K4, k4 - kk)
+            tnv, to = (TILE_P // 16, TILE_O) if pt < n_full else (nv, narrow_o)
+            for o0 in range(ob, o_end, to):
+                _itile_nv(tnv, min(to, o_end - o0), wa + o0 * k + kk * 4, k, xb, oa + kk * 8,
+                          cb + o0 * ldc * 4, ldc * 4, n4, kk)
+
+
+def quad_offsets(c: int, hp: int, wp: int, kh: int, kw: int, dh: int, dw: int) -> np.ndarray:
+    """Byte offsets of gemm_quad's row k4 = (c4, i, j) in one image's channel-quad planes."""
+    c4, i, j = np.meshgrid(np.arange(c // 4), np.arange(kh), np.arange(kw), indexing="ij")
+    return (((c4 * hp + i * dh) * wp + j * dw) * 4).reshape(-1).astype(np.int64)
+
+
+def _make_interleave4():
+    """dst[l] = word (src[l], src[l + ld], src[l + 2ld], src[l + 3ld]) ^ flip for l < cnt
+    (1..16): the bytes of four rows at src (ld bytes apart) interleaved, low byte first;
+    masked loads and stores, never past cnt."""
+
+    @intrinsic
+    def interleave4(typingctx, src, ld, dst, cnt, flip):
+        sig = types.void(*[types.intp] * 5)
+
+        def codegen(context, builder, signature, args):
+            src, ld, dst, cnt, flip = args
+            mod = builder.module
+            v8 = ir.VectorType(_I8, 16)
+            m16 = ir.VectorType(ir.IntType(1), 16)
+            load = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(v8, [ir.PointerType(), _I32, m16, v8]), "llvm.masked.load.v16i8.p0")
+            store = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(ir.VoidType(), [_V16, ir.PointerType(), _I32, m16]),
+                "llvm.masked.store.v16i32.p0")
+            lim = builder.insert_element(ir.Constant(_V16, ir.Undefined), builder.trunc(cnt, _I32),
+                                         ir.Constant(_I32, 0))
+            lim = builder.shuffle_vector(lim, ir.Constant(_V16, ir.Undefined), ir.Constant(_V16, None))
+            mask = builder.icmp_signed("<", ir.Constant(_V16, list(range(16))), lim)
+            rows = [builder.call(load, [builder.inttoptr(builder.add(src, builder.mul(ld, _const(q))),
+                                                         ir.PointerType()),
+                                        ir.Constant(_I32, 1), mask, ir.Constant(v8, None)]) for q in range(4)]
+            idx32 = ir.VectorType(_I32, 32)
+            ab = builder.shuffle_vector(rows[0], rows[1], ir.Constant(idx32, list(range(32))))
+            cd = builder.shuffle_vector(rows[2], rows[3], ir.Constant(idx32, list(range(32))))
+            # byte 4l + q of the result is row q's byte l
+            order = [l + 16 * q for l in range(16) for q in range(4)]
+            both = builder.shuffle_vector(ab, cd, ir.Constant(ir.VectorType(_I32, 64), order))
+            fl = builder.insert_element(ir.Constant(_V16, ir.Undefined), builder.trunc(flip, _I32),
+                                        ir.Constant(_I32, 0))
+            fl = builder.shuffle_vector(fl, ir.Constant(_V16, ir.Undefined), ir.Constant(_V16, None))
+            words = builder.xor(builder.bitcast(both, _V16), fl)
+            builder.call(store, [words, builder.inttoptr(dst, ir.PointerType()), ir.Constant(_I32, 4), mask])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return interleave4
+
+
+_interleave4 = _make_interleave4()
+
+
+@kernel
+def pack_weights_quad(wq, w):
+    """w (O, C, kh, kw) i8 -> wq (O, C*kh*kw) i8 in gemm_quad's order: byte q of word
+    (c4, i, j) is w[:, 4*c4 + q, i, j]."""
+    o, c, kh, kw = w.shape
+    khw, c4n = kh * kw, c // 4
+    wa, qa = np.int64(w.ctypes.data), np.int64(wq.ctypes.data)
+    for t in prange(o * c4n):
+        for j in range(0, khw, 16):
+            _interleave4(wa + t * 4 * khw + j, khw, qa + t * 4 * khw + j * 4, min(16, khw - j), 0)
+
+
+@kernel
+def pad_quad(xq, x, ph, pw, hp, wp, pad):
+    """x (N, C, H, W) i8 (C % 4 == 0) -> xq (>= N*C/4*Hp*Wp,) u32: each image as C/4 planes
+    of Hp x Wp words, word (c4, y, x) holding channels 4*c4..4*c4+3 (low byte first) + 128
+    each, the image at (ph, pw) and the byte `pad` (x_zp + 128) around it and past the last
+    plane. The layout gemm_quad reads in place (pad_shift's, four channels a word)."""
+    n, c, h, w = x.shape
+    c4n = c // 4
+    plane = hp * wp
+    fill = np.uint32(pad) * np.uint32(0x01010101)
+    flip = np.int64(0x80808080)
+    xa, qa = np.int64(x.ctypes.data), np.int64(xq.ctypes.data)
+    for t in prange(n * c4n):
+        d = np.uint64(t * plane)
+        # the padding only, then the rows (flat unsigned indices, as in pad_shift)
+        for j in range(ph * wp + pw):
+            xq[d + np.uint64(j)] = fill
+        src = xa + t * 4 * h * w
+        for i in range(h):
+            r = d + np.uint64((ph + i) * wp + pw)
+            for j in range(0, w, 16):
+                _interleave4(src + i * w + j, h * w, qa + np.int64(r) * 4 + j * 4, min(16, w - j), flip)
+            for j in range(w, wp):
+                xq[r + np.uint64(j)] = fill
+        for j in range((ph + h) * wp + pw, plane):
+            xq[d + np.uint64(j)] = fill
+    for j in range(n * c4n * plane, xq.shape[0]):
+        xq[j] = fill
 
 
 @kernel
@@ -450,10 +605,10 @@ def _copy_channel(of, cflat, fflat, oc, n, o, hw, ldc, rows, pitch, per_image, t
 
 
 @kernel
-def requant_cols(out, c, cf, pitch, bias, m, to_int8, y_zp, lo, relu):
+def requant_cols(out, c, cf, pitch, istride, bias, m, to_int8, y_zp, lo, relu):
     """c (O, Mp) i32 (cf: the same memory as float32), image b's output row oh at column
-    (b*Ho + oh)*pitch (see pack_cols) -> out (N, O, Ho, Wo) i8 or f32 = epilogue(c + bias[o])
-    as in kernels_int8 (bias: b_q - (x_zp + 128) * wsum). May overwrite c.
+    b*istride + oh*pitch (see pack_cols; istride >= Ho*pitch) -> out (N, O, Ho, Wo) i8 or f32
+    = epilogue(c + bias[o]) as in kernels_int8 (bias: b_q - (x_zp + 128) * wsum). May overwrite c.
 
     NOTE: int8 rows narrower than 16 take two passes: the epilogue in place along c's rows
     (junk columns included), then a copy of the real pixels. In one pass, 4x4 maps cost 3.1
@@ -468,15 +623,15 @@ def requant_cols(out, c, cf, pitch, bias, m, to_int8, y_zp, lo, relu):
         # NOTE: two loops over the channels, not one: the copy's loads right after the
         # epilogue's wider stores missed store forwarding (3x slower at batch 1)
         for oc in prange(o):
-            _epilogue_run(c, cf, oc, n * ho * pitch, bias[oc], m[oc], y_zp, lo, to_int8, relu)
+            _epilogue_run(c, cf, oc, n * istride, bias[oc], m[oc], y_zp, lo, to_int8, relu)
         for oc in prange(o):
-            _copy_channel(of, cflat, fflat, oc, n, o, ho * wo, mp, rows, pitch, ho * pitch, to_int8)
+            _copy_channel(of, cflat, fflat, oc, n, o, ho * wo, mp, rows, pitch, istride, to_int8)
         return
     for r in prange(n * o):
         b, oc = r // o, r % o
         badj, mo = bias[oc], m[oc]
         for i in range(rows):
-            src = np.uint64(oc * mp + (b * ho + i) * pitch)
+            src = np.uint64(oc * mp + b * istride + i * pitch)
             dst = np.uint64((r * ho + i) * wo)
             for j in range(width):
                 u = np.uint64(j)
@@ -484,9 +639,9 @@ def requant_cols(out, c, cf, pitch, bias, m, to_int8, y_zp, lo, relu):
 
 
 @kernel
-def requant_cols_pool(out, c, cf, hc, pitch, kh, kw, sh, sw, bias, m, to_int8, y_zp, lo, relu):
+def requant_cols_pool(out, c, cf, hc, pitch, istride, kh, kw, sh, sw, bias, m, to_int8, y_zp, lo, relu):
     """`requant_cols` with a fused unpadded maxpool: image b's hc conv rows of `pitch` columns
-    -> out (N, O, Ho, Wo), the epilogue of the max over each kh x kw window (exact: the
+    from column b*istride -> out (N, O, Ho, Wo), the epilogue of the max over each kh x kw window (exact: the
     epilogue is non-decreasing in the sum, see kernels_int8.requant_sum_pool). Overwrites c.
 
     NOTE: per channel, the window maxima are written in place, compacted to the row's start
@@ -502,7 +657,7 @@ def requant_cols_pool(out, c, cf, hc, pitch, kh, kw, sh, sw, bias, m, to_int8, y
     for oc in prange(o):
         row = np.uint64(oc * ldc)
         for b in range(n):
-            plane = row + np.uint64(b * hc * pitch)
+            plane = row + np.uint64(b * istride)
             for oh in range(ho):
                 src = plane + np.uint64(oh * sh * pitch)
                 dst = row + np.uint64((b * ho + oh) * wo)

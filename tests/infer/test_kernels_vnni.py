@@ -107,43 +107,92 @@ def test_pad_pack_gemm_is_a_convolution(geom, c, by_table, shared):
     assert np.array_equal(got, want)
     # the epilogue reads the same pitch: with m = 1 and no rounding it returns the sums
     out = np.zeros((n, o, ho, wo), np.float32)
-    kv.requant_cols(out, c32, c32.view(np.float32), pitch, np.zeros(o, np.int64), np.ones(o), False,
-                    0.0, -128.0, False)
+    kv.requant_cols(out, c32, c32.view(np.float32), pitch, ho * pitch, np.zeros(o, np.int64), np.ones(o),
+                    False, 0.0, -128.0, False)
     assert np.array_equal(out, want.transpose(0, 3, 1, 2).astype(np.float32))
+
+
+@needs_vnni
+@pytest.mark.parametrize("geom", [(3, 3, 1, 1), (1, 1, 0, 0), (3, 2, 1, 0), (3, 3, 2, 2), (5, 5, 2, 2),
+                                  (2, 4, 0, 1)])
+@pytest.mark.parametrize("c,o", [(4, 5), (12, 17), (4 * (kv.BLOCK_K4 // 4 + 3), 6)])
+@pytest.mark.parametrize("n,h,w", [(1, 7, 9), (7, 4, 4), (2, 17, 18)])
+def test_quad_route_is_a_convolution(geom, c, o, n, h, w):
+    """pad_quad + pack_weights_quad + gemm_quad (stride 1, in place on four channels a word):
+    the sums equal the naive convolution at every real pixel, with 1x1, non-square and
+    dilated windows, K across BLOCK_K4 passes, an image's pixels in whole and partial tiles
+    (16-48 past a multiple of 64) and batch 1 and 7."""
+    kh, kw, ph, pw = geom
+    dh = dw = 2 if geom == (3, 3, 2, 2) else 1
+    zp = 9
+    x, wt = _codes((n, c, h, w)), _codes((o, c, kh, kw), lo=-127)
+    x[0, :, 0, 0], wt[0] = 127, -127  # the largest products
+    hp, wp = h + 2 * ph, w + pw
+    ho, wo = hp - dh * (kh - 1), w + 2 * pw - dw * (kw - 1)
+    pix = ho * wp
+    cpi = _cols(pix)
+    img = c // 4 * hp * wp
+    xq = np.full(n * img + cpi - pix + (kw - 1) * dw + 1, 0xDEADBEEF, np.uint32)
+    kv.pad_quad(xq, x, ph, pw, hp, wp, zp + 128)
+    # the planes: four channels a word, + 128 each, the padding's byte around them
+    planes = xq[:n * img].view(np.uint8).reshape(n, c // 4, hp, wp, 4).transpose(0, 1, 4, 2, 3)
+    want = np.full((n, c, hp, wp), zp + 128, np.int64)
+    want[:, :, ph:ph + h, pw:] = x.astype(np.int64) + 128
+    assert np.array_equal(planes.reshape(n, c, hp, wp), want)
+    assert (xq[n * img:].view(np.uint8) == zp + 128).all()
+    wq = np.zeros((o, c * kh * kw), np.int8)
+    kv.pack_weights_quad(wq, wt)
+    assert np.array_equal(wq.reshape(o, c // 4, kh, kw, 4),
+                          wt.reshape(o, c // 4, 4, kh, kw).transpose(0, 1, 3, 4, 2))
+    c32 = np.full((o, n * cpi), -1, np.int32)
+    kv.gemm_quad(c32, wq, xq, kv.quad_offsets(c, hp, wp, kh, kw, dh, dw), n, cpi, img)
+    cols = _naive_cols(x, kh, kw, 1, 1, ph, pw, dh, dw, zp + 128)
+    want = cols @ wt.reshape(o, -1).T.astype(np.int64)
+    got = c32.reshape(o, n, cpi)[..., :pix].reshape(o, n, ho, wp)[..., :wo].transpose(1, 2, 3, 0)
+    assert np.array_equal(got, want)
 
 
 @needs_vnni
 @pytest.mark.parametrize("to_int8", [True, False])
 @pytest.mark.parametrize("ho,wo,pitch", [(4, 4, 6), (3, 5, 5), (2, 20, 22), (2, 17, 17)])
-def test_requant_cols(to_int8, ho, wo, pitch):
+@pytest.mark.parametrize("gap", [0, 7])
+def test_requant_cols(to_int8, ho, wo, pitch, gap):
     """The epilogue over c's pixel-pitched columns equals NumPy's on the real pixels: narrow
-    int8 rows (two passes) and wide or float32 ones (one pass)."""
+    int8 rows (two passes) and wide or float32 ones (one pass); images `gap` columns apart
+    past their pixels (gemm_quad's whole vectors per image)."""
     n, o, relu = 3, 5, True
-    c = RNG.integers(-(2**20), 2**20, (o, _cols(n * ho * pitch))).astype(np.int32)
+    istride = ho * pitch + gap
+    c = RNG.integers(-(2**20), 2**20, (o, _cols(n * istride))).astype(np.int32)
     bias, m = RNG.integers(-500, 500, o).astype(np.int64), RNG.random(o) * 1e-4
-    acc = c[:, :n * ho * pitch].reshape(o, n, ho, pitch)[..., :wo].transpose(1, 0, 2, 3).astype(np.int64)
+    acc = c[:, :n * istride].reshape(o, n, istride)[..., :ho * pitch].reshape(o, n, ho, pitch)
+    acc = acc[..., :wo].transpose(1, 0, 2, 3).astype(np.int64)
     v = (acc + bias[:, None, None]) * m[:, None, None]
     if to_int8:
         want = np.clip(np.rint(v) - 7, -7, 127).astype(np.int8)
     else:
         want = np.maximum(v.astype(np.float32), 0)
     out = np.zeros((n, o, ho, wo), want.dtype)
-    kv.requant_cols(out, c, c.view(np.float32), pitch, bias, m, to_int8, -7.0, -7.0, relu)
+    kv.requant_cols(out, c, c.view(np.float32), pitch, istride, bias, m, to_int8, -7.0, -7.0, relu)
     assert np.array_equal(out, want)
 
 
 @needs_vnni
 @pytest.mark.parametrize("k,s", [((2, 2), (2, 2)), ((3, 3), (2, 2)), ((3, 2), (1, 2))])
-def test_requant_cols_pool(k, s):
-    """The pooled epilogue equals pool-after-epilogue on the sums (rows of `pitch` columns)."""
+@pytest.mark.parametrize("gap", [0, 13])
+def test_requant_cols_pool(k, s, gap):
+    """The pooled epilogue equals pool-after-epilogue on the sums (rows of `pitch` columns,
+    images `gap` columns apart past their rows)."""
     n, o, hc, wc, pitch = 3, 4, 9, 8, 11
-    c = RNG.integers(-(2**20), 2**20, (o, _cols(n * hc * pitch))).astype(np.int32)
+    istride = hc * pitch + gap
+    c = RNG.integers(-(2**20), 2**20, (o, _cols(n * istride))).astype(np.int32)
     bias, m = RNG.integers(-500, 500, o).astype(np.int64), RNG.random(o) * 1e-4
     ho, wo = (hc - k[0]) // s[0] + 1, (wc - k[1]) // s[1] + 1
     out = np.zeros((n, o, ho, wo), np.int8)
     sums = c.copy()  # a 2x2 pool works in place in c
-    kv.requant_cols_pool(out, c, c.view(np.float32), hc, pitch, *k, *s, bias, m, True, 5.0, -128.0, False)
-    acc = sums[:, :n * hc * pitch].reshape(o, n, hc, pitch)[..., :wc].transpose(1, 0, 2, 3)
+    kv.requant_cols_pool(out, c, c.view(np.float32), hc, pitch, istride, *k, *s, bias, m, True, 5.0, -128.0,
+                         False)
+    acc = sums[:, :n * istride].reshape(o, n, istride)[..., :hc * pitch].reshape(o, n, hc, pitch)
+    acc = acc[..., :wc].transpose(1, 0, 2, 3)
     y = np.clip(np.rint((acc + bias[:, None, None]) * m[:, None, None]) + 5, -128, 127)
     want = np.full((n, o, ho, wo), -128.0)
     for i in range(k[0]):
