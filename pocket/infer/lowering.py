@@ -47,6 +47,10 @@ WINOGRAD_MIN_TILES = 64
 # With AVX-512 (kernels_fma), an fp32 conv's GEMM result and inputs per chunk: small enough to
 # stay in L2 between the GEMM and its epilogue.
 FMA_SCRATCH_BYTES = 2 << 20
+# With AVX-512 VNNI, an int8 conv's packed inputs and int32 sums per chunk, per thread: the
+# sums stay in L2 for the epilogue (cnn_cifar int8 at batch 64, one thread: 50.9 ms at 8 MiB,
+# 48.5 at 1; two threads: 28.2 at 8 MiB, 28.6 at 2, 30.1 at 1, the calls too short to split)
+VNNI_SCRATCH_BYTES = 1 << 20
 # ... and a stride-1 conv reads its padded images in place unless the pitch's junk columns
 # (the padding, and the last partial tile of each image) cost more than im2col would: the
 # copy costs about as much as this many multiply-adds per column element (measured: ~0.2 ns
@@ -231,7 +235,7 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         flat = (sh, sw) == (1, 1) and d["pitch"] == d["wp"]  # one run per image: no table
         d["poffs"] = np.zeros(0, np.int64) if flat else kv.pixel_offsets(ho, wo, sh, sw, d["wp"])
         per_image = (k + 4 * o) * d["pix"] + d["padded"]
-        d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
+        d["chunk"] = max(1, min(eng.max_batch, VNNI_SCRATCH_BYTES * eng._threads // per_image))
         d["k4"] = -(-k // 4)
         # K % 4 != 0 (a first layer): the weights padded to whole 4-byte groups, per call
         d["wpad_bytes"] = _aligned(o * d["k4"] * 4) if k % 4 else 0
@@ -242,7 +246,7 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         # (packed at Wo) each image's pixels in whole vectors cost more than packing saves:
         # cnn_cifar int8 at batch 64 ran 48.1 ms with those packed, 52.1 in place
         if flat and c % 4 == 0:
-            d["quad"] = q = _prep_quad(d, c, eng.max_batch)
+            d["quad"] = q = _prep_quad(d, c, eng.max_batch, VNNI_SCRATCH_BYTES * eng._threads)
             d["scratch_bytes"] = max(d["scratch_bytes"], q["scratch_bytes"])
         return d
     if "x_scale" in node.attrs:
@@ -305,7 +309,7 @@ def _winograd_cols(d: dict, m: int) -> int:
     return kfma.tile_cols(t) if d["fma"] else t
 
 
-def _prep_quad(d: dict, c: int, max_batch: int) -> dict:
+def _prep_quad(d: dict, c: int, max_batch: int, budget: int) -> dict:
     """The in-place int8 route of a stride-1 conv with C % 4 == 0 (kernels_vnni.gemm_quad):
     its images as C/4 planes of words at the pixel pitch of Wp; scratch: the weights in
     gemm_quad's order, the planes of a chunk of images, and its sums (O, chunk * cpi)."""
@@ -316,7 +320,7 @@ def _prep_quad(d: dict, c: int, max_batch: int) -> dict:
          "offs": kv.quad_offsets(c, hp, wp, kh, kw, dh, dw)}
     # an image's whole last vector, and the window past its last pixel, read past the planes
     q["slack"] = q["cpi"] - pix + (kw - 1) * dw + 1
-    q["chunk"] = max(1, min(max_batch, SCRATCH_BYTES // (4 * q["img"] + 4 * o * q["cpi"])))
+    q["chunk"] = max(1, min(max_batch, budget // (4 * q["img"] + 4 * o * q["cpi"])))
     q["wq_bytes"] = _aligned(o * k)
     q["xq_bytes"] = _aligned(4 * (q["chunk"] * q["img"] + q["slack"]))
     q["scratch_bytes"] = q["wq_bytes"] + q["xq_bytes"] + _aligned(4 * o * q["chunk"] * q["cpi"])
