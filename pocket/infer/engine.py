@@ -269,7 +269,7 @@ class Engine:
         its activation is non-decreasing: the conv's epilogue then writes the pooled output
         directly (the IR keeps both nodes; a builder may still decline, e.g. a small batch)."""
         from pocket.infer import kernels_fp32 as kf
-        from pocket.infer.lowering import POOL_FUSING_KINDS
+        from pocket.infer.lowering_common import POOL_FUSING_KINDS
 
         readers = self.readers()
         fused = {}

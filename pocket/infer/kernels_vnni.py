@@ -349,6 +349,24 @@ def gemm_quad(c, w, xq, offs, m, cpi, img):
                           cb + o0 * ldc * 4, ldc * 4, n4, kk)
 
 
+@kernel
+def pack_quad_cols(xp, xq, n, img, koffs, pix, poffs):
+    """xq from pad_quad (n images of img words) -> xp (K4, Mp) u32, gemm_cols' operand in
+    gemm_quad's order of K: word (k4, b*pix + t) = xq[b*img + koffs[k4] + poffs[t]] (koffs:
+    quad_offsets in words; poffs: `pixel_offsets`). Columns from n*pix on are left as they are.
+
+    NOTE: narrow maps and strided convs, whose pixels are no one run at a pitch: one word a
+    column and row (pack_cols gathers and interleaves four bytes)."""
+    k4n = koffs.shape[0]
+    for k4 in prange(k4n):
+        dst = xp[k4]
+        ko = np.uint64(koffs[k4])
+        for b in range(n):
+            src, at = np.uint64(b * img) + ko, np.uint64(b * pix)
+            for t in range(pix):
+                dst[at + np.uint64(t)] = xq[src + np.uint64(poffs[t])]
+
+
 def quad_offsets(c: int, hp: int, wp: int, kh: int, kw: int, dh: int, dw: int) -> np.ndarray:
     """Byte offsets of gemm_quad's row k4 = (c4, i, j) in one image's channel-quad planes."""
     c4, i, j = np.meshgrid(np.arange(c // 4), np.arange(kh), np.arange(kw), indexing="ij")

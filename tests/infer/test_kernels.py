@@ -334,15 +334,17 @@ def test_requant_sum_pool_one_chunk_matches_split(k, s):
 def test_fused_pool_with_batch_chunks(int8, monkeypatch, int8_route, fp32_route):
     """A fused conv writes the pool's output while later chunks still read the conv's input:
     the arena must keep them apart (a tiny scratch budget forces one image per chunk)."""
-    from pocket.infer import lowering
+    from pocket.infer import lowering_conv
 
-    monkeypatch.setattr(lowering, "SCRATCH_BYTES", 256)
-    monkeypatch.setattr(lowering, "FMA_SCRATCH_BYTES", 256)
+    for budget in ("SCRATCH_BYTES", "FMA_SCRATCH_BYTES", "VNNI_SCRATCH_BYTES"):
+        monkeypatch.setattr(lowering_conv, budget, 256)
     pool = {"kernel": [2, 2], "padding": [0, 0]}
-    x = RNG.standard_normal((7, 3, 12, 10)).astype(np.float32)
+    # int8 with VNNI: the first conv reads its four-channel words in place (10 columns), the
+    # second packs them by pixel table (5 columns, see lowering_conv._prep_quad)
+    x = RNG.standard_normal((7, 4, 12, 10)).astype(np.float32)
     if int8:
-        p1, q1 = _int8_conv_params(3, 6, 3, 3, 1, 0.05)
-        p2, q2 = _int8_conv_params(6, 5, 3, 3, 1, 0.04)
+        p1, q1 = _int8_conv_params(4, 8, 3, 3, 1, 0.05)
+        p2, q2 = _int8_conv_params(8, 5, 3, 3, 1, 0.04)
         params = {"w1": p1["w"], "b1": p1["b"], "w2": p2["w"], "b2": p2["b"]}
         quant = {"w1": q1["w"], "w2": q2["w"]}
         i8 = {"y_scale": 0.04, "y_zero_point": -3}
@@ -356,7 +358,7 @@ def test_fused_pool_with_batch_chunks(int8, monkeypatch, int8_route, fp32_route)
                  Node("p2", "maxpool2d", ["c2"], ["y"], pool)]
     else:
         quant = None
-        params = {"w1": RNG.standard_normal((6, 3, 3, 3)).astype(np.float32),
+        params = {"w1": RNG.standard_normal((6, 4, 3, 3)).astype(np.float32),
                   "w2": RNG.standard_normal((5, 6, 3, 3)).astype(np.float32)}
         nodes = [Node("c1", "conv2d", ["x", "w1"], ["c1"], {"padding": [1, 1], "activation": "relu"}),
                  Node("p1", "maxpool2d", ["c1"], ["p1"], pool),
@@ -416,11 +418,11 @@ def test_serial_and_parallel_plans_agree(work, n, int8, monkeypatch, int8_route)
 @pytest.mark.parametrize("act", ["relu", "none", "gelu"])
 def test_conv2d_winograd(hw, pad, n, act, monkeypatch, fp32_route):
     """Even and odd output sizes (partial last tiles), paddings 0-2, batch chunks of one image."""
-    from pocket.infer import lowering
+    from pocket.infer import lowering_conv
 
-    monkeypatch.setattr(lowering, "SCRATCH_BYTES", 1)  # one image a chunk
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 1)
-    c, o = lowering.WINOGRAD_MIN_C, 5
+    monkeypatch.setattr(lowering_conv, "SCRATCH_BYTES", 1)  # one image a chunk
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_TILES", 1)
+    c, o = lowering_conv.WINOGRAD_MIN_C, 5
     params = _conv_params(c, o, 3, 3, 1, bias=act != "none")
     x = RNG.standard_normal((n, c, *hw)).astype(np.float32)
     node = Node("conv", "conv2d", ["x", "w", "b"] if act != "none" else ["x", "w"], ["y"],
@@ -437,10 +439,10 @@ def test_conv2d_winograd(hw, pad, n, act, monkeypatch, fp32_route):
 def test_conv_maxpool_winograd(k, s, hw, monkeypatch, fp32_route):
     """A 2x2/2 pool fuses into the output transform (the max of each tile); other pools run
     after an unfused Winograd conv."""
-    from pocket.infer import lowering
+    from pocket.infer import lowering_conv
 
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 1)
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_TILES", 1)
     params = _conv_params(4, 6, 3, 3, 1)
     x = RNG.standard_normal((3, 4, *hw)).astype(np.float32)
     nodes = [Node("conv", "conv2d", ["x", "w", "b"], ["c"], {"padding": [1, 1], "activation": "relu"}),
@@ -451,9 +453,9 @@ def test_conv_maxpool_winograd(k, s, hw, monkeypatch, fp32_route):
 
 def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     """Winograd takes 3x3, stride 1, dilation 1, groups 1 and enough channels; nothing else."""
-    from pocket.infer import lowering
+    from pocket.infer import lowering_conv
 
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_C", 4)
     gemm = {"fma": "fma_cols", "blas": "gemm"}[fp32_route]
     pointwise = {"fma": "fma_pitch", "blas": "pointwise"}[fp32_route]
     for name, want in (("3x3-pad", "winograd"), ("dilation", gemm), ("1x1", pointwise),
@@ -474,10 +476,10 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
 
 def test_winograd_falls_back_on_few_tiles(monkeypatch):
     """Below WINOGRAD_MIN_TILES a call runs the pitch GEMM path; both give the same outputs."""
-    from pocket.infer import lowering
+    from pocket.infer import lowering_conv
 
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_C", 4)
-    monkeypatch.setattr(lowering, "WINOGRAD_MIN_TILES", 20)  # 4x4 tiles an image: n=1 falls back
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_TILES", 20)  # 4x4 tiles an image: n=1 falls back
     params = _conv_params(4, 3, 3, 3, 1)
     node = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {"padding": [1, 1]})
     graph = Graph({"x": ValueInfo("f32", ("N", 4, 8, 8))}, ["y"], [node],
@@ -600,7 +602,7 @@ def test_bias_act_cols(act, n, m):
                                         ((4, 4), 1, False), ((8, 8), 3, False)])
 def test_conv2d_fp32_k_halves(hw, n, split):
     """On two threads an im2col conv of 32..128 columns a chunk runs two GEMMs over the halves
-    of K and adds them (lowering.FMA_KSPLIT_COLS): still the convolution, with and without a
+    of K and adds them (lowering_conv.FMA_KSPLIT_COLS): still the convolution, with and without a
     fused maxpool."""
     from pocket.infer import kernels_fma
 

@@ -153,6 +153,35 @@ def test_quad_route_is_a_convolution(geom, c, o, n, h, w):
 
 
 @needs_vnni
+@pytest.mark.parametrize("geom", [(3, 3, 1, 1, 1, 1, 1, 1), (1, 1, 2, 2, 0, 0, 1, 1),
+                                  (3, 2, 2, 1, 1, 0, 1, 1), (3, 3, 1, 1, 2, 2, 2, 2),
+                                  (5, 5, 2, 2, 2, 2, 1, 1)])
+@pytest.mark.parametrize("n,c,o", [(1, 4, 5), (7, 12, 17)])
+def test_quad_packed_route_is_a_convolution(geom, n, c, o):
+    """pad_quad + pack_quad_cols (by pixel table: narrow maps, strides) + gemm_cols on
+    pack_weights_quad's weights: the sums equal the naive convolution at every pixel."""
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    h, w, zp = 7, 9, -3
+    x, wt = _codes((n, c, h, w)), _codes((o, c, kh, kw), lo=-127)
+    hp, wp = h + 2 * ph, w + (pw if (sh, sw) == (1, 1) else 2 * pw)
+    ho = (hp - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    img = c // 4 * hp * wp
+    xq = np.full(n * img + (kw - 1) * dw + 1, 0xDEADBEEF, np.uint32)
+    kv.pad_quad(xq, x, ph, pw, hp, wp, zp + 128)
+    xp = np.full((c // 4 * kh * kw, _cols(n * ho * wo)), 0xDEADBEEF, np.uint32)
+    koffs = kv.quad_offsets(c, hp, wp, kh, kw, dh, dw) // 4
+    kv.pack_quad_cols(xp, xq, n, img, koffs, ho * wo, kv.pixel_offsets(ho, wo, sh, sw, wp))
+    wq = np.zeros((o, c * kh * kw), np.int8)
+    kv.pack_weights_quad(wq, wt)
+    c32 = np.zeros((o, xp.shape[1]), np.int32)
+    kv.gemm_cols(c32, wq, xp)
+    want = _naive_cols(x, kh, kw, sh, sw, ph, pw, dh, dw, zp + 128) @ wt.reshape(o, -1).T.astype(np.int64)
+    got = c32[:, :n * ho * wo].reshape(o, n, ho, wo).transpose(1, 2, 3, 0)
+    assert np.array_equal(got, want)
+
+
+@needs_vnni
 @pytest.mark.parametrize("to_int8", [True, False])
 @pytest.mark.parametrize("ho,wo,pitch", [(4, 4, 6), (3, 5, 5), (2, 20, 22), (2, 17, 17)])
 @pytest.mark.parametrize("gap", [0, 7])

@@ -1,0 +1,104 @@
+"""What the op lowerings share (lowering.py, lowering_conv.py): scratch budgets, int8 constants,
+scratch sizes of the VNNI routes, activation codes."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pocket.formats import quant as qm
+from pocket.formats.errors import FormatError
+from pocket.formats.ir import Node
+from pocket.infer import kernels_fp32 as kf
+from pocket.infer import kernels_int8 as ki
+from pocket.infer import kernels_vnni as kv
+
+if TYPE_CHECKING:
+    from pocket.infer.engine import Engine
+
+from pocket.infer.engine import ALIGN
+
+SCRATCH_BYTES = 8 << 20  # im2col + GEMM result per chunk: a few MiB, in cache, few GEMM calls
+# An int8 conv/linear with at least this many output rows (batch x pixels) per weight runs as
+# float32 BLAS GEMMs on the int8 codes (exact, see kernels_int8.requant_sum): BLAS sgemm is 3-4x
+# faster than a vectorized int8 dot in Numba, and converting the weights each call costs one
+# pass over them, which this many rows amortize. Below it, the int8 dot kernel (gemm_q).
+F32_ROUTE_ROWS = 16
+# A linear's GEMM result (kernels_fma, kernels_vnni tiles) has rows this many floats longer
+# than its columns: at 64 columns (256 bytes) apart, the transposing epilogue's 256 reads per
+# row fell in a few L1 sets (6x slower)
+_LINEAR_SKEW = 16
+# conv routes whose epilogue can write a following maxpool's output (int8: only on its float32
+# route, i.e. groups 1 and enough rows; the builders check)
+POOL_FUSING_KINDS = ("int8", "im2col", "gemm", "gemm_pitch", "vnni", "winograd", "fma_pitch", "fma_cols")
+
+
+_EMPTY_F32 = np.zeros(0, np.float32)
+
+
+def _act_code(a: dict) -> int:
+    return kf.ACT[a.get("activation", "none")]
+
+
+def _int8_consts(eng: Engine, node: Node, w: np.ndarray) -> dict:
+    a = node.attrs
+    qp = eng._container.quant(node.inputs[1])
+    o = w.shape[0]
+    if qp is None or len(qp.get("scale", [])) != o or qp.get("axis", 0) not in (0, None):
+        raise FormatError(f"node '{node.name}': int8 weight '{node.inputs[1]}' needs {o} "
+                          "per-output-channel scales (axis 0) in the container")
+    w_scale = np.asarray(qp["scale"], np.float32)
+    wsum = ki.weight_sums(w.reshape(o, -1))
+    b = eng._params[node.inputs[2]] if len(node.inputs) > 2 else np.zeros(o, np.int32)
+    to_int8 = a.get("y_scale") is not None
+    relu = a.get("activation", "none") == "relu"
+    y_zp = a["y_zero_point"] if to_int8 else 0
+    return {
+        # NOTE: int64, so b_q - x_zp * wsum never wraps, whatever the weights.
+        "bias_adj": b.astype(np.int64) - np.int64(a["x_zero_point"]) * wsum.astype(np.int64),
+        # the VNNI kernels read x_q + 128 as unsigned bytes: the shift folds in like x_zp
+        "bias_u8": b.astype(np.int64) - np.int64(a["x_zero_point"] + 128) * wsum.astype(np.int64),
+        "m": qm.requant_multiplier(a["x_scale"], w_scale, a.get("y_scale")),
+        "to_int8": to_int8, "y_zp": float(y_zp), "lo": float(y_zp if relu else qm.QMIN), "relu": relu,
+    }
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _im2col(col, xs, geom, pad, rb: int, cb: int) -> partial:
+    """The im2col call for images xs: kernels_fp32.im2col_same where the conv keeps the map's
+    size at stride 1 (its mask made here, once a bind), else im2col."""
+    kh, kw, sh, sw, ph, pw, dh, dw = geom
+    h, w = xs.shape[2:]
+    if (sh, sw) == (1, 1) and 2 * ph == dh * (kh - 1) and 2 * pw == dw * (kw - 1):
+        valid = kf.same_valid(h, w, kh, kw, ph, pw, dh, dw)
+        return partial(kf.im2col_same, col, xs, valid, kh, kw, ph, pw, dh, dw, pad, rb, cb)
+    return partial(kf.im2col, col, xs, *geom, pad, rb, cb)
+
+
+def _tile_cols(rows: int) -> int:
+    """Columns of a VNNI packed operand: rows rounded up to whole vectors of 16 pixels."""
+    return -(-rows // kv.COL_ALIGN) * kv.COL_ALIGN
+
+
+def _vnni_rows_bytes(n: int, o: int, k: int) -> tuple[int, int]:
+    """Scratch of the VNNI dot route for n rows: xu (n, Kp) u8 (Kp > K: room for the masked
+    tail chunk) and c (n, O) i32."""
+    return _aligned(n * (k // 64 + 1) * 64), _aligned(n * o * 4)
+
+
+def _vnni_cols_bytes(rows: int, o: int, k: int) -> tuple[int, int]:
+    """Scratch of the VNNI tile route for `rows` pixels: xp (K/4, Mp) u32 and c (O, Mp) i32
+    (a linear's rows skewed, see requant_cols_t)."""
+    mp = _tile_cols(rows)
+    return _aligned(k * mp), _aligned(o * (mp + _LINEAR_SKEW) * 4)
+
+
+def _pool_geom(a: dict) -> tuple[int, ...]:
+    k = a["kernel"]
+    s = a.get("stride") or k
+    return (k[0], k[1], s[0], s[1], a["padding"][0], a["padding"][1])
