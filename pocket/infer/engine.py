@@ -23,7 +23,8 @@ validates the graph, rejects every unsupported op in one error, and plans:
   kernels_vnni (64 int8 multiply-adds per instruction); elsewhere, those with enough rows run
   as exact float32 BLAS GEMMs on the int8 codes, the float32 copies of weights and inputs
   living in the node's scratch for that call only, so arena_bytes counts them and the mmapped
-  int8 weights stay the only lasting copy (lowering.py holds each op's choices);
+  int8 weights stay the only lasting copy (so do kernels_vnni's reordered conv weights);
+  lowering.py and lowering_conv.py hold each op's choices;
 - for each batch size seen, the bound calls (kernels with their views) are built once and
   cached, so `run()` after the first call of a batch size allocates no arrays; calls with
   little work (batch 1, small layers) run on the calling thread alone (see _PARALLEL_WORK).
