@@ -40,7 +40,7 @@ from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import bias_act_run
-from pocket.infer.kernels_vnni import _const, _loop, _ptr, _row_at, host_has
+from pocket.infer.kernels_vnni import _const, _lanes_below, _loop, _ptr, _row_at, _splat, host_has
 
 TILE_O, TILE_P = 8, 32  # a tile's channels and pixels; 16 accumulators leave room for loads
 HALF_P = 16  # pixels of a half tile: a GEMM's last one, when its width is 16 past a multiple of 32
@@ -118,17 +118,6 @@ def _make_tile(nv: int):
 
 
 _tile, _half = _make_tile(2), _make_tile(1)  # 32 pixels; 16 (a GEMM's last, half tile)
-
-
-def _splat(builder, val, vty):
-    one = builder.insert_element(ir.Constant(vty, ir.Undefined), val, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(_VI, None))
-
-
-def _lanes_below(builder, n):
-    """<16 x i1>: lane l < n (an i64)."""
-    limit = _splat(builder, builder.trunc(n, _I32), _VI)
-    return builder.icmp_signed("<", ir.Constant(_VI, list(range(16))), limit)
 
 
 def _masked_io(builder):

@@ -89,6 +89,18 @@ def _ptr(builder, addr, ty):
     return builder.inttoptr(addr, ty.as_pointer())
 
 
+def _splat(builder, val, vty):
+    """A vector of type vty (16 lanes) with every lane val."""
+    one = builder.insert_element(ir.Constant(vty, ir.Undefined), val, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(_V16, None))
+
+
+def _lanes_below(builder, n):
+    """<16 x i1>: lane l < n (an i64)."""
+    limit = _splat(builder, builder.trunc(n, _I32), _V16)
+    return builder.icmp_signed("<", ir.Constant(_V16, list(range(16))), limit)
+
+
 def _vpdpbusd(builder):
     fnty = ir.FunctionType(_V16, [_V16, _V16, _V16])
     return cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
@@ -245,8 +257,18 @@ _dot1, _dot2, _dot3, _dot4 = (_make_dot(r) for r in (1, 2, 3, 4))
 
 
 @njit(cache=True, inline="always")
-def _tile_nv(nv, rows, w, ldw, xp, ldx, c, ldc, n4, acc):
-    if nv == 4:
+def _tile_nv(nv, indexed, rows, w, ldw, xp, ldx, c, ldc, n4, acc):
+    """The tile of nv vectors, its rows at ldx apart or (indexed) at the offsets at ldx."""
+    if indexed:
+        if nv == 4:
+            _itile64(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+        elif nv == 1:
+            _itile16(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+        elif nv == 2:
+            _itile32(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+        else:
+            _itile48(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
+    elif nv == 4:
         _tile64(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
     elif nv == 1:
         _tile16(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
@@ -254,18 +276,6 @@ def _tile_nv(nv, rows, w, ldw, xp, ldx, c, ldc, n4, acc):
         _tile32(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
     else:
         _tile48(w, ldw, xp, ldx, c, ldc, n4, acc, rows)
-
-
-@njit(cache=True, inline="always")
-def _itile_nv(nv, rows, w, ldw, xp, offs, c, ldc, n4, acc):
-    if nv == 4:
-        _itile64(w, ldw, xp, offs, c, ldc, n4, acc, rows)
-    elif nv == 1:
-        _itile16(w, ldw, xp, offs, c, ldc, n4, acc, rows)
-    elif nv == 2:
-        _itile32(w, ldw, xp, offs, c, ldc, n4, acc, rows)
-    else:
-        _itile48(w, ldw, xp, offs, c, ldc, n4, acc, rows)
 
 
 @njit(cache=True, inline="always")
@@ -309,7 +319,7 @@ def gemm_cols(c, w, xp):
             n4 = min(BLOCK_K4, k4 - kk)
             tnv, to = (TILE_P // 16, TILE_O) if pt < n_full else (nv, narrow_o)
             for o0 in range(ob, o_end, to):
-                _tile_nv(tnv, min(to, o_end - o0), wa + o0 * k + kk * 4, k, xa + (kk * mp + p0) * 4,
+                _tile_nv(tnv, False, min(to, o_end - o0), wa + o0 * k + kk * 4, k, xa + (kk * mp + p0) * 4,
                          mp * 4, ca + (o0 * ldc + p0) * 4, ldc * 4, n4, kk)
 
 
@@ -345,7 +355,7 @@ def gemm_quad(c, w, xq, offs, m, cpi, img):
             n4 = min(BLOCK_K4, k4 - kk)
             tnv, to = (TILE_P // 16, TILE_O) if pt < n_full else (nv, narrow_o)
             for o0 in range(ob, o_end, to):
-                _itile_nv(tnv, min(to, o_end - o0), wa + o0 * k + kk * 4, k, xb, oa + kk * 8,
+                _tile_nv(tnv, True, min(to, o_end - o0), wa + o0 * k + kk * 4, k, xb, oa + kk * 8,
                           cb + o0 * ldc * 4, ldc * 4, n4, kk)
 
 
@@ -392,10 +402,7 @@ def _make_interleave4():
             store = cgutils.get_or_insert_function(
                 mod, ir.FunctionType(ir.VoidType(), [_V16, ir.PointerType(), _I32, m16]),
                 "llvm.masked.store.v16i32.p0")
-            lim = builder.insert_element(ir.Constant(_V16, ir.Undefined), builder.trunc(cnt, _I32),
-                                         ir.Constant(_I32, 0))
-            lim = builder.shuffle_vector(lim, ir.Constant(_V16, ir.Undefined), ir.Constant(_V16, None))
-            mask = builder.icmp_signed("<", ir.Constant(_V16, list(range(16))), lim)
+            mask = _lanes_below(builder, cnt)
             rows = [builder.call(load, [builder.inttoptr(builder.add(src, builder.mul(ld, _const(q))),
                                                          ir.PointerType()),
                                         ir.Constant(_I32, 1), mask, ir.Constant(v8, None)]) for q in range(4)]
@@ -405,10 +412,7 @@ def _make_interleave4():
             # byte 4l + q of the result is row q's byte l
             order = [l + 16 * q for l in range(16) for q in range(4)]
             both = builder.shuffle_vector(ab, cd, ir.Constant(ir.VectorType(_I32, 64), order))
-            fl = builder.insert_element(ir.Constant(_V16, ir.Undefined), builder.trunc(flip, _I32),
-                                        ir.Constant(_I32, 0))
-            fl = builder.shuffle_vector(fl, ir.Constant(_V16, ir.Undefined), ir.Constant(_V16, None))
-            words = builder.xor(builder.bitcast(both, _V16), fl)
+            words = builder.xor(builder.bitcast(both, _V16), _splat(builder, builder.trunc(flip, _I32), _V16))
             builder.call(store, [words, builder.inttoptr(dst, ir.PointerType()), ir.Constant(_I32, 4), mask])
             return context.get_dummy_value()
 
