@@ -75,7 +75,6 @@ def _make_tile(nv: int):
             init = [builder.select(start, builder.load(_ptr(builder, a, _VF), align=4),
                                    ir.Constant(_VF, None)) for row in c_at for a in row]
             w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
-            splat = ir.Constant(_VI, None)
 
             def step(i, accs):
                 off = builder.load(_ptr(builder, builder.add(offs, builder.mul(i, _const(8))), _I64),
@@ -87,8 +86,7 @@ def _make_tile(nv: int):
                 out = []
                 for r in range(TILE_O):
                     s = builder.load(_ptr(builder, builder.add(w_at[r], k4), _F32), align=4)
-                    wb = builder.insert_element(ir.Constant(_VF, ir.Undefined), s, ir.Constant(_I32, 0))
-                    wb = builder.shuffle_vector(wb, ir.Constant(_VF, ir.Undefined), splat)
+                    wb = _splat(builder, s, _VF)
                     out += [builder.call(fma, [wb, xs[v], accs[r * nv + v]]) for v in range(nv)]
                 return out
 

@@ -234,8 +234,7 @@ def _make_tile(nv: int, indexed: bool = False):
                 out = []
                 for r in range(tile_o):
                     word = builder.load(_ptr(builder, builder.add(w_at[r], k4), _I32), align=1)
-                    wb = builder.insert_element(ir.Constant(_V16, ir.Undefined), word, ir.Constant(_I32, 0))
-                    wb = builder.shuffle_vector(wb, ir.Constant(_V16, ir.Undefined), ir.Constant(_V16, None))
+                    wb = _splat(builder, word, _V16)
                     out += [builder.call(dp, [accs[r * nv + v], xs[v], wb]) for v in range(nv)]
                 return out
 

@@ -210,17 +210,16 @@ def _prep_quad(d: dict, c: int, in_place: bool, max_batch: int, budget: int) -> 
         q = {"pix": pix, "cpi": _tile_cols(pix), "img": img, "offs": offs, "in_place": True}
         # an image's whole last vector, and the window past its last pixel, read past the planes
         q["slack"] = q["cpi"] - pix + (kw - 1) * dw + 1
-        per_image, xp_bytes = 4 * img + 4 * o * q["cpi"], lambda m: 0
+        per_image = 4 * img + 4 * o * q["cpi"]
     else:
         q = {"pix": d["pix"], "img": img, "koffs": offs // 4, "in_place": False,
              "slack": (kw - 1) * dw + 1}  # a window past the last row's end, at stride 1
         per_image = 4 * img + (k + 4 * o) * d["pix"]
-        xp_bytes = lambda m: _aligned(4 * (k // 4) * _tile_cols(m * d["pix"]))  # noqa: E731
     q["chunk"] = max(1, min(max_batch, budget // per_image))
+    cols = q["chunk"] * q["cpi"] if in_place else _tile_cols(q["chunk"] * d["pix"])
     q["wq_bytes"] = _aligned(o * k)
     q["xq_bytes"] = _aligned(4 * (q["chunk"] * q["img"] + q["slack"]))
-    q["xp_bytes"] = xp_bytes(q["chunk"])
-    cols = q["chunk"] * q["cpi"] if in_place else _tile_cols(q["chunk"] * d["pix"])
+    q["xp_bytes"] = 0 if in_place else _aligned(k * cols)  # K/4 rows of cols words
     q["scratch_bytes"] = q["wq_bytes"] + q["xq_bytes"] + q["xp_bytes"] + _aligned(4 * o * cols)
     return q
 
