@@ -603,6 +603,7 @@ def _direct(call: partial) -> partial:
 def _call_work(call: partial, spinning: bool = False) -> int:
     """A bound call's work, for the serial/parallel choice (see _PARALLEL_WORK)."""
     from pocket.infer import kernels_fma as kfma
+    from pocket.infer import kernels_fma_winograd as kfw
     from pocket.infer import kernels_fp32 as kf
     from pocket.infer import kernels_int8 as ki
     from pocket.infer import kernels_vnni as kv
@@ -617,6 +618,9 @@ def _call_work(call: partial, spinning: bool = False) -> int:
     # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
     if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
+    if call.func is kfw.fused_conv:  # its 16 GEMMs of (O, C) @ (C, tiles), as kfma.gemm's
+        out, x, _, _, _, _, _, th, tw = call.args[:9]
+        return 4 * 16 * out.shape[1] * x.shape[1] * x.shape[0] * th * tw
     if call.func is kfma.gemv:  # memory-bound: two cores read the weights twice as fast
         return 16 * call.args[0].size * call.args[1].shape[1]
     if call.func is kv.gemm_rows:

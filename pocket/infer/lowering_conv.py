@@ -10,6 +10,7 @@ import numpy as np
 
 from pocket.formats.ir import Node
 from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fma_winograd as kfw
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_vnni as kv
@@ -38,10 +39,26 @@ from pocket.infer.lowering_common import (
 # with kernels_fma's transforms, cnn_mnist fp32 batch 64 at 32 went 4.82 -> 4.59 ms on one
 # thread but 2.57 -> 2.74 ms on two).
 WINOGRAD_MIN_C = 64
+# ... from this many on the fused conv of kernels_fma_winograd (AVX-512, act none or ReLU, at
+# least WINOGRAD_FUSED_PER_THREAD images a thread): cnn_mnist fp32 at batch 64, whose 32 -> 64
+# conv is 3/4 of the model, went 4.03 -> 3.14 ms on one thread, 2.28 -> 1.79 on two
+WINOGRAD_FUSED_MIN_C = 32
 # ... and at least this many tiles (2x2 outputs) a call: with fewer (batch 1 on maps of 8x8 and
 # less) the per-call filter transform and short loops cost more than the GEMM saves (cnn_cifar
 # fp32 batch 1: 3.6 ms at 64, 4.2 ms at 16, 4.0 ms at 512).
 WINOGRAD_MIN_TILES = 64
+# The fused conv runs each thread's images one chunk at a time in its own part of the scratch,
+# sized to stay in L2 (this many bytes) but of at least WINOGRAD_CHUNK_TILES tiles, so that the
+# 16 GEMMs' reads of U (16 x O x C floats, from L3 once it outgrows L2) are shared by enough
+# columns. cnn_cifar fp32 at batch 64 (U up to 4 MiB): 93.0 ms on one thread at 4 MiB and no
+# minimum, 89.8 at 2 MiB and 96 or 128 tiles, 91.7 at 192, 93.8 at 256; two threads 50.5,
+# 48.9, 48.5, 49.0, 49.9. cnn_mnist (U 128 KiB) ran best at 2 MiB (1 MiB: +5%, 4 MiB: +16%).
+WINOGRAD_SCRATCH_BYTES = 2 << 20
+WINOGRAD_CHUNK_TILES = 128
+# With one image a thread or fewer, the fused conv leaves cores idle: the four kernels a chunk
+# (each parallel) take those batches (cnn_cifar fp32 at batch 1 on two threads: 1.26 ms, fused
+# 1.63).
+WINOGRAD_FUSED_PER_THREAD = 2
 # With AVX-512 (kernels_fma), an fp32 conv's GEMM result and inputs per chunk: small enough to
 # stay in L2 between the GEMM and its epilogue.
 FMA_SCRATCH_BYTES = 2 << 20
@@ -64,10 +81,6 @@ FMA_KSPLIT_COLS = (32, 128)
 # rows fall in one L1 set, and the filter transform, which writes all 16 per filter, ran 10x
 # slower
 _U_SKEW = 16
-# ... and so do V (16, C*cols) and M (16, O*cols) on AVX-512 (kernels_fma's transforms): their
-# transforms write (read) all 16 rows at once, and at C*cols a multiple of 1024 these fell in
-# one L1 set too (the input transform ran 1.4-4x slower)
-_VM_SKEW = 16
 # With AVX-512 VNNI (kernels_vnni), a stride-1 int8 conv whose output is at most this wide
 # packs its columns at a pitch of Wo (no junk columns) rather than Wp: on 4x4 and 8x8 maps
 # the junk (33%, 20%) cost the GEMM more than packing by a pixel table costs (cnn_cifar int8
@@ -156,7 +169,8 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
         if g == 1 and (sh, sw) == (1, 1):  # as "gemm", at a pixel pitch of Wp
             pitch = (_prep_fma(eng, node, dict(d)) if kfma.AVAILABLE else
                      _prep_pitch(eng, node, dict(d)))
-            if (kh, kw) == (3, 3) and tuple(d["geom"][6:]) == (1, 1) and c >= WINOGRAD_MIN_C:
+            min_c = WINOGRAD_FUSED_MIN_C if kfma.AVAILABLE else WINOGRAD_MIN_C
+            if (kh, kw) == (3, 3) and tuple(d["geom"][6:]) == (1, 1) and c >= min_c:
                 wino = _prep_winograd(eng, node, d)
                 wino["pitch_plan"] = pitch  # for batches with few tiles
                 wino["scratch_bytes"] = max(wino["scratch_bytes"], pitch["scratch_bytes"])
@@ -180,11 +194,11 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
 
 def _winograd_sizes(d: dict, m: int) -> list[int]:
     """Scratch of a Winograd conv for m images, in order: U, padded images, row scratch, V, M,
-    output scratch (float32 elements). V and M have _winograd_cols columns, rows _VM_SKEW longer."""
+    output scratch (float32 elements). V and M have _winograd_cols columns, rows kfw.VM_SKEW longer."""
     c, o = d["c"], d["o"]
     cols = _winograd_cols(d, m)
     return [16 * (o * c + _U_SKEW), m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"],
-            16 * (c * cols + _VM_SKEW), 16 * (o * cols + _VM_SKEW), m * o * 8 * d["th"] * d["tw"]]
+            16 * (c * cols + kfw.VM_SKEW), 16 * (o * cols + kfw.VM_SKEW), m * o * 8 * d["th"] * d["tw"]]
 
 
 def _winograd_cols(d: dict, m: int) -> int:
@@ -276,6 +290,14 @@ def _prep_winograd(eng: Engine, node: Node, d: dict) -> dict:
         _winograd_cols(d, 1) - d["th"] * d["tw"])) * 4
     d["chunk"] = max(1, min(eng.max_batch, SCRATCH_BYTES // per_image))
     d["scratch_bytes"] = sum(_aligned(e * 4) for e in _winograd_sizes(d, d["chunk"]))
+    if d["fma"]:  # kernels_fma_winograd.fused_conv: U, then a part of WINOGRAD_SCRATCH_BYTES a thread
+        th, tw, o = d["th"], d["tw"], d["o"]
+        per_image = 4 * sum(kfw.slot_floats(c, o, 1, th, tw))
+        d["fused_chunk"] = max(1, min(eng.max_batch, max(WINOGRAD_SCRATCH_BYTES // per_image,
+                                                          -(-WINOGRAD_CHUNK_TILES // (th * tw)))))
+        d["u_bytes"] = _aligned(16 * (o * c + _U_SKEW) * 4)
+        d["slot_bytes"] = 4 * sum(kfw.slot_floats(c, o, d["fused_chunk"], th, tw))
+        d["scratch_bytes"] = max(d["scratch_bytes"], d["u_bytes"] + eng._threads * d["slot_bytes"])
     return d
 
 
@@ -311,7 +333,10 @@ def _b_conv_quad(eng: Engine, step: int, d: dict, a: dict, x, y, pool, pool_geom
 
 def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
     d, a = eng._prep[step], node.attrs
-    if d["kind"] == "winograd" and n * d["th"] * d["tw"] < WINOGRAD_MIN_TILES:
+    fused = (d["kind"] == "winograd" and d["fma"] and _act_code(a) in (0, 1)
+             and n >= WINOGRAD_FUSED_PER_THREAD * eng._threads)
+    if d["kind"] == "winograd" and not fused and (n * d["th"] * d["tw"] < WINOGRAD_MIN_TILES
+                                                  or d["c"] < WINOGRAD_MIN_C):
         d = d["pitch_plan"]
     x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
     o, k, p, g, geom = d["o"], d["k"], d["p"], d["groups"], d["geom"]
@@ -335,6 +360,8 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
         eng._skip.add(pstep)
     if d["kind"] == "vnni" and "quad" in d:
         return [*calls, *_b_conv_quad(eng, step, d, a, x, y, pool, pool_geom, n)]
+    if fused:
+        return _b_winograd_fused(eng, step, d, x, y if pool is None else pool, pool is not None, act)
     for start in range(0, n, d["chunk"]):
         m = min(d["chunk"], n - start)
         xs, ys = x[start:start + m], y3[start:start + m]
@@ -389,23 +416,23 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             c, th, tw = d["c"], d["th"], d["tw"]
             cols = _winograd_cols(d, m)
             shapes = [(16, o * c + _U_SKEW), (m, c, d["hp"], d["wp"]), (m * c, 4, d["wp"]),
-                      (16, c * cols + _VM_SKEW), (16, o * cols + _VM_SKEW), (m * o, 8, th * tw)]
+                      (16, c * cols + kfw.VM_SKEW), (16, o * cols + kfw.VM_SKEW), (m * o, 8, th * tw)]
             at, views = 0, []
             for shape, full in zip(shapes, _winograd_sizes(d, d["chunk"])):
                 views.append(eng._scratch(step, np.float32, shape, at))
                 at += _aligned(full * 4)
             u, xpad, tin, v, mm, tout = views
-            # AVX-512: the transforms of kernels_fma on V and M with skewed rows (_VM_SKEW);
+            # AVX-512: the transforms of kernels_fma on V and M with skewed rows (kfw.VM_SKEW);
             # else kernels_winograd's, which want them contiguous
             fast = d["fma"] and act in (0, 1)
             v = (v[:, :c * cols] if d["fma"] else v.reshape(-1)[:16 * c * cols]).reshape(16, c, cols)
             mm = (mm[:, :o * cols] if fast else mm.reshape(-1)[:16 * o * cols]).reshape(16, o, cols)
             if start == 0:  # G w G^T for this call (the weights themselves stay in the mmap)
-                ft = kfma.filter_transform if d["fma"] else kwg.filter_transform
+                ft = kfw.filter_transform if d["fma"] else kwg.filter_transform
                 calls.append(partial(ft, u[:, :o * c], d["w9"]))
             calls += [partial(kf.pad_images, xpad.reshape(-1), xs, *geom[4:6], d["hp"], d["wp"],
                               np.float32(0)),
-                      partial(kfma.input_transform if d["fma"] else kwg.input_transform, v, xpad, tin,
+                      partial(kfw.input_transform if d["fma"] else kwg.input_transform, v, xpad, tin,
                               th, tw)]
             if d["fma"]:
                 if cols > m * th * tw:  # the GEMM's last tile: zeros, never denormals
@@ -415,7 +442,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                                      _EMPTY_F32, 0))
             else:
                 calls.append(partial(np.matmul, u[:, :o * c].reshape(16, o, c), v, out=mm))
-            calls.append(partial(kfma.output_transform if fast else kwg.output_transform,
+            calls.append(partial(kfw.output_transform if fast else kwg.output_transform,
                                  y[start:start + m] if pool is None else
                                  pool[start:start + m], mm, tout, th, tw, d["b"], act, alpha,
                                  pool is not None))
@@ -493,3 +520,17 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                       partial(kf.bias_act_pool, pool[start:start + m], ys.reshape(m * o, p), o, 0, x_w,
                               *pool_geom, d["b"], act, alpha)]
     return calls
+
+
+def _b_winograd_fused(eng: Engine, step: int, d: dict, x, out, pool: bool, act: int) -> list:
+    """kernels_fma_winograd.fused_conv over the whole batch, a part of the scratch a thread (as many
+    as were prepared, should the thread count have grown since), after this call's U."""
+    c, o, th, tw, chunk = d["c"], d["o"], d["th"], d["tw"], d["fused_chunk"]
+    ph, pw = d["geom"][4:6]
+    u = eng._scratch(step, np.float32, (16, o * c + _U_SKEW))
+    nt = max(1, min(eng._threads, (d["scratch_bytes"] - d["u_bytes"]) // d["slot_bytes"]))
+    scratch = eng._scratch(step, np.float32, (nt * d["slot_bytes"] // 4,), d["u_bytes"])
+    offs = kfma.row_offsets(c, kfma.tile_cols(chunk * th * tw))
+    return [partial(kfw.filter_transform, u[:, :o * c], d["w9"]),
+            partial(kfw.fused_conv, out, x, u, scratch, offs, nt, chunk, th, tw, ph, pw, d["b"], act, pool,
+                    kfw.slot_floats(c, o, chunk, th, tw))]

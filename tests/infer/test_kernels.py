@@ -421,6 +421,8 @@ def test_conv2d_winograd(hw, pad, n, act, monkeypatch, fp32_route):
     from pocket.infer import lowering_conv
 
     monkeypatch.setattr(lowering_conv, "SCRATCH_BYTES", 1)  # one image a chunk
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_SCRATCH_BYTES", 1)  # ... fused too
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_CHUNK_TILES", 1)
     monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_TILES", 1)
     c, o = lowering_conv.WINOGRAD_MIN_C, 5
     params = _conv_params(c, o, 3, 3, 1, bias=act != "none")
@@ -428,8 +430,13 @@ def test_conv2d_winograd(hw, pad, n, act, monkeypatch, fp32_route):
     node = Node("conv", "conv2d", ["x", "w", "b"] if act != "none" else ["x", "w"], ["y"],
                 {"padding": pad, "activation": act})
     with Engine(FakeContainer(Graph({"x": ValueInfo("f32", ("N", c, *hw))}, ["y"], [node],
-                                    {k: _info(v) for k, v in params.items()}), params)) as eng:
+                                    {k: _info(v) for k, v in params.items()}), params), threads=2) as eng:
         assert eng._prep[0]["kind"] == "winograd"
+        eng.run(x)
+        funcs = [getattr(getattr(f, "func", f), "__name__", "") for f in eng._bound[n].calls]
+    # the fused conv (a thread's images in chunks) on AVX-512 with ReLU or none, 2+ images a thread
+    fused = fp32_route == "fma" and act != "gelu" and n >= 4
+    assert any(f.startswith("fused_conv") for f in funcs) == fused, funcs
     got, want = run_both(x, [node], params)
     assert_close(got, want, scale=3 * np.sqrt(9 * c))
 
@@ -442,6 +449,7 @@ def test_conv_maxpool_winograd(k, s, hw, monkeypatch, fp32_route):
     from pocket.infer import lowering_conv
 
     monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_FUSED_MIN_C", 4)
     monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_TILES", 1)
     params = _conv_params(4, 6, 3, 3, 1)
     x = RNG.standard_normal((3, 4, *hw)).astype(np.float32)
@@ -456,6 +464,7 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     from pocket.infer import lowering_conv
 
     monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_FUSED_MIN_C", 4)
     gemm = {"fma": "fma_cols", "blas": "gemm"}[fp32_route]
     pointwise = {"fma": "fma_pitch", "blas": "pointwise"}[fp32_route]
     for name, want in (("3x3-pad", "winograd"), ("dilation", gemm), ("1x1", pointwise),
@@ -479,6 +488,7 @@ def test_winograd_falls_back_on_few_tiles(monkeypatch):
     from pocket.infer import lowering_conv
 
     monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(lowering_conv, "WINOGRAD_FUSED_MIN_C", 4)
     monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_TILES", 20)  # 4x4 tiles an image: n=1 falls back
     params = _conv_params(4, 3, 3, 3, 1)
     node = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {"padding": [1, 1]})
