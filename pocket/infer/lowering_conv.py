@@ -422,7 +422,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                 views.append(eng._scratch(step, np.float32, shape, at))
                 at += _aligned(full * 4)
             u, xpad, tin, v, mm, tout = views
-            # AVX-512: the transforms of kernels_fma on V and M with skewed rows (kfw.VM_SKEW);
+            # AVX-512: the transforms of kernels_fma_winograd on V and M with skewed rows (VM_SKEW);
             # else kernels_winograd's, which want them contiguous
             fast = d["fma"] and act in (0, 1)
             v = (v[:, :c * cols] if d["fma"] else v.reshape(-1)[:16 * c * cols]).reshape(16, c, cols)
