@@ -35,7 +35,16 @@ from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import bias_act_run
-from pocket.infer.kernels_vnni import _const, _lanes_below, _loop, _ptr, _row_at, _splat, host_has
+from pocket.infer.kernels_vnni import (
+    _const,
+    _lanes_below,
+    _loop,
+    _masked_io,
+    _ptr,
+    _row_at,
+    _splat,
+    host_has,
+)
 
 TILE_O, TILE_P = 8, 32  # a tile's channels and pixels; 16 accumulators leave room for loads
 HALF_P = 16  # pixels of a half tile: a GEMM's last one, when its width is 16 past a multiple of 32
@@ -113,25 +122,6 @@ def _make_tile(nv: int):
 _tile, _half = _make_tile(2), _make_tile(1)  # 32 pixels; 16 (a GEMM's last, half tile)
 
 
-def _masked_io(builder):
-    mod = builder.module
-    mask_t = ir.VectorType(ir.IntType(1), 16)
-    load = cgutils.get_or_insert_function(
-        mod, ir.FunctionType(_VF, [ir.PointerType(), _I32, mask_t, _VF]), "llvm.masked.load.v16f32.p0")
-    store = cgutils.get_or_insert_function(
-        mod, ir.FunctionType(ir.VoidType(), [_VF, ir.PointerType(), _I32, mask_t]),
-        "llvm.masked.store.v16f32.p0")
-
-    def ld(addr, mask):
-        return builder.call(load, [builder.inttoptr(addr, ir.PointerType()), ir.Constant(_I32, 4), mask,
-                                   ir.Constant(_VF, None)])
-
-    def st(val, addr, mask):
-        builder.call(store, [val, builder.inttoptr(addr, ir.PointerType()), ir.Constant(_I32, 4), mask])
-
-    return ld, st
-
-
 def _shuffle(builder, a, b, idx):
     return builder.shuffle_vector(a, b, ir.Constant(_VI, idx))
 
@@ -177,7 +167,7 @@ def _make_dot():
             accs = _loop(builder, full, [ir.Constant(_VF, None)] * TILE_O, step)
             # the tail: rem (0..15) floats, the other lanes masked to zero
             mask = _lanes_below(builder, builder.srem(k, _const(16)))
-            ld, _ = _masked_io(builder)
+            ld, _ = _masked_io(builder, _VF, 4)
             red = cgutils.get_or_insert_function(mod, ir.FunctionType(_F32, [_F32, _VF]),
                                                  "llvm.vector.reduce.fadd.v16f32")
             off = builder.mul(full, _const(64))
@@ -213,7 +203,7 @@ def _make_pool2():
 
         def codegen(context, builder, signature, args):
             y, ldy, dst, cnt, bo, relu = args
-            ld, st = _masked_io(builder)
+            ld, st = _masked_io(builder, _VF, 4)
             n2 = builder.mul(cnt, _const(2))
             masks = [_lanes_below(builder, builder.sub(n2, _const(16 * q))) for q in range(2)]
 

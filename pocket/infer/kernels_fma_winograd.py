@@ -36,14 +36,13 @@ from pocket.infer.kernels_fma import (
     _bias_relu,
     _half,
     _make_tile,
-    _masked_io,
     _shuffle,
     _tile,
     _vmax,
     tile_cols,
 )
 from pocket.infer.kernels_fp32 import pad_images
-from pocket.infer.kernels_vnni import _const, _lanes_below, _splat
+from pocket.infer.kernels_vnni import _const, _lanes_below, _masked_io, _splat
 
 _pad_images = pad_images.serial  # a thread's own chunk
 # The GEMMs' tile: 8 channels x 48 tiles (24 accumulators), the last 16 or 32 by kernels_fma's.
@@ -73,7 +72,7 @@ def _make_filter16():
             w, u, ldu, cnt = args
             vptr = ir.VectorType(ir.PointerType(), 16)
             v64 = ir.VectorType(_I64, 16)
-            _, st = _masked_io(builder)
+            _, st = _masked_io(builder, _VF, 4)
             mask = _lanes_below(builder, cnt)
             gather = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(_VF, [vptr, _I32, mask.type, _VF]),
@@ -128,7 +127,7 @@ def _make_input16():
 
         def codegen(context, builder, signature, args):
             x, ldx, dst, lde, cnt = args
-            ld, st = _masked_io(builder)
+            ld, st = _masked_io(builder, _VF, 4)
             need = builder.add(builder.mul(cnt, _const(2)), _const(2))  # columns read
             masks = [_lanes_below(builder, builder.sub(need, _const(16 * q))) for q in range(3)]
             rows = []
@@ -193,7 +192,7 @@ def _make_output16(pool: bool):
 
         def codegen(context, builder, signature, args):
             m, lde, dst, ldo, cnt, valid, second, bo, relu = args
-            ld, st = _masked_io(builder)
+            ld, st = _masked_io(builder, _VF, 4)
             load_mask = _lanes_below(builder, cnt)
             e = [ld(builder.add(m, builder.mul(lde, _const(i))), load_mask) for i in range(16)]
             add, sub = builder.fadd, builder.fsub
@@ -260,7 +259,7 @@ def _output_plane(oa, ma, lde, cols, r, o, ho, wo, th_n, tw_n, b, act, pool):
 
 
 def slot_floats(c: int, o: int, chunk: int, th_n: int, tw_n: int) -> tuple[int, int, int]:
-    """A thread's part of `conv`'s scratch, in float32 elements (each part a multiple of 16):
+    """A thread's part of `fused_conv`'s scratch, in float32 elements (each part a multiple of 16):
     the padded images of a chunk, V (16 rows of C*cols + VM_SKEW), M (16 rows of O*cols +
     VM_SKEW), cols = tile_cols(chunk * tiles)."""
     cols = tile_cols(chunk * th_n * tw_n)
@@ -302,6 +301,7 @@ def fused_conv(out, x, u, scratch, offs, nt, chunk, th_n, tw_n, ph, pw, b, act, 
     lv, lm = vlen // 16, mlen // 16
     ldv = (lv - VM_SKEW) // c  # tile_cols(chunk * tiles)
     sa, ua, oa = np.int64(scratch.ctypes.data), np.int64(u.ctypes.data), np.int64(out.ctypes.data)
+    offs_at = np.int64(offs.ctypes.data)
     for t in prange(nt):
         base = t * (xlen + vlen + mlen)
         xa, va = sa + base * 4, sa + (base + xlen) * 4
@@ -316,8 +316,7 @@ def fused_conv(out, x, u, scratch, offs, nt, chunk, th_n, tw_n, ph, pw, b, act, 
                 at = base + xlen + (e // c) * lv + (e % c) * ldv
                 scratch[at + m * tiles:at + cols] = np.float32(0.0)
             for e in range(16):
-                _gemm(ua + e * u.strides[0], c, va + e * lv * 4, np.int64(offs.ctypes.data), ma + e * lm * 4,
-                      ldv, o, cols)
+                _gemm(ua + e * u.strides[0], c, va + e * lv * 4, offs_at, ma + e * lm * 4, ldv, o, cols)
             for r in range(m * o):
                 _output_plane(oa + s * o * ho * wo * 4, ma, lm * 4, ldv, r, o, ho, wo, th_n, tw_n, b, act,
                               pool)

@@ -101,6 +101,29 @@ def _lanes_below(builder, n):
     return builder.icmp_signed("<", ir.Constant(_V16, list(range(16))), limit)
 
 
+def _masked_io(builder, vty, align: int):
+    """ld(addr, mask), st(val, addr, mask): LLVM's masked load and store of vty at byte
+    addresses; lanes off the mask are neither read nor written (a load gives zeros there)."""
+    mod = builder.module
+    n, elt = vty.count, vty.element
+    name = f"v{n}{'f32' if isinstance(elt, ir.FloatType) else f'i{elt.width}'}.p0"
+    mask_t = ir.VectorType(ir.IntType(1), n)
+    load = cgutils.get_or_insert_function(
+        mod, ir.FunctionType(vty, [ir.PointerType(), _I32, mask_t, vty]), "llvm.masked.load." + name)
+    store = cgutils.get_or_insert_function(
+        mod, ir.FunctionType(ir.VoidType(), [vty, ir.PointerType(), _I32, mask_t]),
+        "llvm.masked.store." + name)
+
+    def ld(addr, mask):
+        return builder.call(load, [builder.inttoptr(addr, ir.PointerType()), ir.Constant(_I32, align), mask,
+                                   ir.Constant(vty, None)])
+
+    def st(val, addr, mask):
+        builder.call(store, [val, builder.inttoptr(addr, ir.PointerType()), ir.Constant(_I32, align), mask])
+
+    return ld, st
+
+
 def _vpdpbusd(builder):
     fnty = ir.FunctionType(_V16, [_V16, _V16, _V16])
     return cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
@@ -169,14 +192,11 @@ def _make_dot(rows: int):
             mask = builder.icmp_unsigned("<", ir.Constant(_B64, list(range(64))), splat)
             off = builder.mul(full, _const(64))
             xv = builder.load(_ptr(builder, builder.add(xu, off), _V16), align=1)
-            mload = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_B64, [ir.PointerType(), _I32, mask.type, _B64]),
-                "llvm.masked.load.v64i8.p0")
+            mload, _ = _masked_io(builder, _B64, 1)
             red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_V16]),
                                                  "llvm.vector.reduce.add.v16i32")
             for r, (a, wr) in enumerate(zip(accs, w_at)):
-                wt = builder.call(mload, [builder.inttoptr(builder.add(wr, off), ir.PointerType()),
-                                          ir.Constant(_I32, 1), mask, ir.Constant(_B64, None)])
+                wt = mload(builder.add(wr, off), mask)
                 a = builder.call(dp, [a, xv, builder.bitcast(wt, _V16)])
                 builder.store(builder.call(red, [a]), _ptr(builder, builder.add(c, _const(4 * r)), _I32),
                               align=4)
@@ -393,18 +413,11 @@ def _make_interleave4():
 
         def codegen(context, builder, signature, args):
             src, ld, dst, cnt, flip = args
-            mod = builder.module
             v8 = ir.VectorType(_I8, 16)
-            m16 = ir.VectorType(ir.IntType(1), 16)
-            load = cgutils.get_or_insert_function(
-                mod, ir.FunctionType(v8, [ir.PointerType(), _I32, m16, v8]), "llvm.masked.load.v16i8.p0")
-            store = cgutils.get_or_insert_function(
-                mod, ir.FunctionType(ir.VoidType(), [_V16, ir.PointerType(), _I32, m16]),
-                "llvm.masked.store.v16i32.p0")
+            ld8, _ = _masked_io(builder, v8, 1)
+            _, st32 = _masked_io(builder, _V16, 4)
             mask = _lanes_below(builder, cnt)
-            rows = [builder.call(load, [builder.inttoptr(builder.add(src, builder.mul(ld, _const(q))),
-                                                         ir.PointerType()),
-                                        ir.Constant(_I32, 1), mask, ir.Constant(v8, None)]) for q in range(4)]
+            rows = [ld8(builder.add(src, builder.mul(ld, _const(q))), mask) for q in range(4)]
             idx32 = ir.VectorType(_I32, 32)
             ab = builder.shuffle_vector(rows[0], rows[1], ir.Constant(idx32, list(range(32))))
             cd = builder.shuffle_vector(rows[2], rows[3], ir.Constant(idx32, list(range(32))))
@@ -412,7 +425,7 @@ def _make_interleave4():
             order = [l + 16 * q for l in range(16) for q in range(4)]
             both = builder.shuffle_vector(ab, cd, ir.Constant(ir.VectorType(_I32, 64), order))
             words = builder.xor(builder.bitcast(both, _V16), _splat(builder, builder.trunc(flip, _I32), _V16))
-            builder.call(store, [words, builder.inttoptr(dst, ir.PointerType()), ir.Constant(_I32, 4), mask])
+            st32(words, dst, mask)
             return context.get_dummy_value()
 
         return sig, codegen
