@@ -6,8 +6,11 @@ twins of kernels_winograd's that equal them bit for bit (the same float32 operat
 same order): 16 filters, or 16 tiles of a tile row, a step, with masked loads and stores at
 the ends, where LLVM left the scalar loops of kernels_winograd mostly scalar.
 
+The input transform reads the images unpadded, the padding masked off its loads: a padded
+copy cost as much as a quarter of the transform (cnn_cifar fp32 at batch 1: ~30 µs of 1.2 ms).
+
 `fused_conv` runs a whole batch in one kernel: each thread takes its share of the images in chunks
-and runs pad, input transform, the 16 GEMMs and the output transform (with the bias, ReLU and
+and runs the input transform, the 16 GEMMs and the output transform (with the bias, ReLU and
 a fused 2x2 pool) on each chunk in its own part of the scratch, sized to stay in its core's
 L2. As four parallel kernels a chunk, V and M (16 x C and 16 x O floats a tile) went out to
 L3 between them, or, in chunks small enough for L2, the threads waited on each other four
@@ -41,10 +44,8 @@ from pocket.infer.kernels_fma import (
     _vmax,
     tile_cols,
 )
-from pocket.infer.kernels_fp32 import pad_images
 from pocket.infer.kernels_vnni import _const, _lanes_below, _masked_io, _splat
 
-_pad_images = pad_images.serial  # a thread's own chunk
 # The GEMMs' tile: 8 channels x 48 tiles (24 accumulators), the last 16 or 32 by kernels_fma's.
 # With K = C as short as 32 a tile's setup and stores weigh more: on (64 x 32) @ (32 x 304),
 # 79 GMAC/s against 67 with kernels_fma's 8 x 32.
@@ -115,25 +116,34 @@ def filter_transform(u, w9):
 
 
 def _make_input16():
-    """The input transform of cnt (1..16) consecutive tiles of one tile row: x (bytes) is the
-    row's first input row at the first tile's column, ldx bytes between input rows; writes
-    (B^T d B)[e] of tile l to dst + e*lde + 4l. The same float32 operations, in the same
-    order, as kernels_winograd.input_transform: B^T d along the rows first (on 48 loaded
-    columns), then along the columns, the even and odd columns split by shuffles."""
+    """The input transform of cnt (1..16) consecutive tiles of one tile row, read from an
+    unpadded image: x (bytes) is where the row's first input row at the first tile's column
+    would be, ldx bytes between input rows; of the 48 columns from x, lanes lo..hi-1 lie in
+    the image, and input row r (0..3) does where bit r of `rows` is set; the rest read as
+    zeros (the padding) and are never touched. Writes (B^T d B)[e] of tile l to dst + e*lde
+    + 4l. The same float32 operations, in the same order, as kernels_winograd.input_transform
+    on the padded image: B^T d along the rows first (on 48 loaded columns), then along the
+    columns, the even and odd columns split by shuffles."""
 
     @intrinsic
-    def tiles(typingctx, x, ldx, dst, lde, cnt):
-        sig = types.void(*[types.intp] * 5)
+    def tiles(typingctx, x, ldx, dst, lde, cnt, lo, hi, rows_in):
+        sig = types.void(*[types.intp] * 8)
 
         def codegen(context, builder, signature, args):
-            x, ldx, dst, lde, cnt = args
+            x, ldx, dst, lde, cnt, lo, hi, rows_in = args
             ld, st = _masked_io(builder, _VF, 4)
             need = builder.add(builder.mul(cnt, _const(2)), _const(2))  # columns read
-            masks = [_lanes_below(builder, builder.sub(need, _const(16 * q))) for q in range(3)]
+            end = builder.select(builder.icmp_signed("<", hi, need), hi, need)
+            masks = [builder.and_(_lanes_below(builder, builder.sub(end, _const(16 * q))),
+                                  builder.not_(_lanes_below(builder, builder.sub(lo, _const(16 * q)))))
+                     for q in range(3)]
+            none = ir.Constant(masks[0].type, None)
             rows = []
             for r in range(4):
                 at = builder.add(x, builder.mul(ldx, _const(r)))
-                rows.append([ld(builder.add(at, _const(64 * q)), masks[q]) for q in range(3)])
+                inside = builder.icmp_signed("!=", builder.and_(rows_in, _const(1 << r)), _const(0))
+                rows.append([ld(builder.add(at, _const(64 * q)), builder.select(inside, masks[q], none))
+                             for q in range(3)])
             sub, add = builder.fsub, builder.fadd
             t = [[op(rows[a][q], rows[b][q]) for q in range(3)]  # B^T d, row by row
                  for op, a, b in ((sub, 0, 2), (add, 1, 2), (sub, 2, 1), (sub, 1, 3))]
@@ -156,26 +166,34 @@ _input16 = _make_input16()
 
 
 @kernel
-def input_transform(v, xpad, tmp, th_n, tw_n):
-    """kernels_winograd.input_transform (same arguments, same results bit for bit; tmp
-    unused), 16 tiles of a tile row a step."""
-    n, c, hp, wp = xpad.shape
-    xa, va = np.int64(xpad.ctypes.data), np.int64(v.ctypes.data)
+def input_transform(v, x, tmp, th_n, tw_n, ph, pw):
+    """kernels_winograd.input_transform (same results bit for bit; tmp unused) read from the
+    unpadded images x (N, C, H, W), padded by (ph, pw) with zeros, 16 tiles of a tile row a
+    step."""
+    n, c, h, w = x.shape
+    xa, va = np.int64(x.ctypes.data), np.int64(v.ctypes.data)
     for r in prange(n * c):
-        _input_plane(va, np.int64(v.strides[0]), v.shape[2], xa, r, c, hp, wp, th_n, tw_n)
+        _input_plane(va, np.int64(v.strides[0]), v.shape[2], xa, r, c, h, w, ph, pw, th_n, tw_n)
 
 
 @njit(cache=True)
-def _input_plane(va, lde, cols, xa, r, c, hp, wp, th_n, tw_n):
-    """The input transform of padded plane r = (image b, channel ch) at xa (planes of Hp x Wp
-    float32): its tiles to V[:, ch, b*T:(b+1)*T], V at va with rows of `cols` floats and its 16
-    elements lde bytes apart."""
+def _input_plane(va, lde, cols, xa, r, c, h, w, ph, pw, th_n, tw_n):
+    """The input transform of plane r = (image b, channel ch) at xa (planes of H x W float32,
+    padded by (ph, pw) as it reads): its tiles to V[:, ch, b*T:(b+1)*T], V at va with rows of
+    `cols` floats and its 16 elements lde bytes apart."""
     b, ch = r // c, r % c
+    plane = xa + r * h * w * 4
     for th in range(th_n):
-        src = xa + ((r * hp + 2 * th) * wp) * 4
+        top = 2 * th - ph
+        rows = 0
+        for i in range(4):
+            if 0 <= top + i < h:
+                rows |= 1 << i
         dst = va + (ch * cols + (b * th_n + th) * tw_n) * 4
         for tw in range(0, tw_n, 16):
-            _input16(src + tw * 8, wp * 4, dst + tw * 4, lde, min(16, tw_n - tw))
+            left = 2 * tw - pw
+            _input16(plane + (top * w + left) * 4, w * 4, dst + tw * 4, lde, min(16, tw_n - tw),
+                     max(0, -left), w - left, rows)
 
 
 def _make_output16(pool: bool):
@@ -258,13 +276,12 @@ def _output_plane(oa, ma, lde, cols, r, o, ho, wo, th_n, tw_n, b, act, pool):
                           min(2 * cnt, wo - 2 * tw), 2 * th + 1 < ho, bo, act)
 
 
-def slot_floats(c: int, o: int, chunk: int, th_n: int, tw_n: int) -> tuple[int, int, int]:
+def slot_floats(c: int, o: int, chunk: int, th_n: int, tw_n: int) -> tuple[int, int]:
     """A thread's part of `fused_conv`'s scratch, in float32 elements (each part a multiple of 16):
-    the padded images of a chunk, V (16 rows of C*cols + VM_SKEW), M (16 rows of O*cols +
-    VM_SKEW), cols = tile_cols(chunk * tiles)."""
+    V (16 rows of C*cols + VM_SKEW), M (16 rows of O*cols + VM_SKEW), cols = tile_cols(chunk *
+    tiles)."""
     cols = tile_cols(chunk * th_n * tw_n)
-    xlen = -(-chunk * c * (2 * th_n + 2) * (2 * tw_n + 2) // 16) * 16
-    return xlen, 16 * (c * cols + VM_SKEW), 16 * (o * cols + VM_SKEW)
+    return 16 * (c * cols + VM_SKEW), 16 * (o * cols + VM_SKEW)
 
 
 @njit(cache=True)
@@ -296,24 +313,24 @@ def fused_conv(out, x, u, scratch, offs, nt, chunk, th_n, tw_n, ph, pw, b, act, 
     so the same results bit for bit."""
     n, c, h, w = x.shape
     o, ho, wo = out.shape[1], out.shape[2], out.shape[3]
-    hp, wp, tiles = 2 * th_n + 2, 2 * tw_n + 2, th_n * tw_n
-    xlen, vlen, mlen = parts
+    tiles = th_n * tw_n
+    vlen, mlen = parts
     lv, lm = vlen // 16, mlen // 16
     ldv = (lv - VM_SKEW) // c  # tile_cols(chunk * tiles)
     sa, ua, oa = np.int64(scratch.ctypes.data), np.int64(u.ctypes.data), np.int64(out.ctypes.data)
+    xa = np.int64(x.ctypes.data)
     offs_at = np.int64(offs.ctypes.data)
     for t in prange(nt):
-        base = t * (xlen + vlen + mlen)
-        xa, va = sa + base * 4, sa + (base + xlen) * 4
+        base = t * (vlen + mlen)
+        va = sa + base * 4
         ma = va + vlen * 4
         for s in range(t * n // nt, (t + 1) * n // nt, chunk):
             m = min(chunk, (t + 1) * n // nt - s)
-            _pad_images(scratch[base:base + m * c * hp * wp], x[s:s + m], ph, pw, hp, wp, np.float32(0.0))
             for r in range(m * c):
-                _input_plane(va, lv * 4, ldv, xa, r, c, hp, wp, th_n, tw_n)
+                _input_plane(va, lv * 4, ldv, xa + s * c * h * w * 4, r, c, h, w, ph, pw, th_n, tw_n)
             cols = -(-m * tiles // HALF_P) * HALF_P  # tile_cols
             for e in range(16 * c):  # the GEMM's last tile: zeros, never denormals
-                at = base + xlen + (e // c) * lv + (e % c) * ldv
+                at = base + (e // c) * lv + (e % c) * ldv
                 scratch[at + m * tiles:at + cols] = np.float32(0.0)
             for e in range(16):
                 _gemm(ua + e * u.strides[0], c, va + e * lv * 4, offs_at, ma + e * lm * 4, ldv, o, cols)

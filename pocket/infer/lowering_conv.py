@@ -193,11 +193,12 @@ def _prep_conv2d(eng: Engine, node: Node) -> dict:
 
 
 def _winograd_sizes(d: dict, m: int) -> list[int]:
-    """Scratch of a Winograd conv for m images, in order: U, padded images, row scratch, V, M,
-    output scratch (float32 elements). V and M have _winograd_cols columns, rows kfw.VM_SKEW longer."""
+    """Scratch of a Winograd conv for m images, in order: U, padded images (none for
+    kernels_fma_winograd, which reads them unpadded), row scratch, V, M, output scratch
+    (float32 elements). V and M have _winograd_cols columns, rows kfw.VM_SKEW longer."""
     c, o = d["c"], d["o"]
     cols = _winograd_cols(d, m)
-    return [16 * (o * c + _U_SKEW), m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"],
+    return [16 * (o * c + _U_SKEW), 0 if d["fma"] else m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"],
             16 * (c * cols + kfw.VM_SKEW), 16 * (o * cols + kfw.VM_SKEW), m * o * 8 * d["th"] * d["tw"]]
 
 
@@ -415,7 +416,8 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
         elif d["kind"] == "winograd":
             c, th, tw = d["c"], d["th"], d["tw"]
             cols = _winograd_cols(d, m)
-            shapes = [(16, o * c + _U_SKEW), (m, c, d["hp"], d["wp"]), (m * c, 4, d["wp"]),
+            padded = (0,) if d["fma"] else (m, c, d["hp"], d["wp"])
+            shapes = [(16, o * c + _U_SKEW), padded, (m * c, 4, d["wp"]),
                       (16, c * cols + kfw.VM_SKEW), (16, o * cols + kfw.VM_SKEW), (m * o, 8, th * tw)]
             at, views = 0, []
             for shape, full in zip(shapes, _winograd_sizes(d, d["chunk"])):
@@ -430,10 +432,12 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             if start == 0:  # G w G^T for this call (the weights themselves stay in the mmap)
                 ft = kfw.filter_transform if d["fma"] else kwg.filter_transform
                 calls.append(partial(ft, u[:, :o * c], d["w9"]))
-            calls += [partial(kf.pad_images, xpad.reshape(-1), xs, *geom[4:6], d["hp"], d["wp"],
-                              np.float32(0)),
-                      partial(kfw.input_transform if d["fma"] else kwg.input_transform, v, xpad, tin,
-                              th, tw)]
+            if d["fma"]:
+                calls.append(partial(kfw.input_transform, v, xs, tin, th, tw, *geom[4:6]))
+            else:
+                calls += [partial(kf.pad_images, xpad.reshape(-1), xs, *geom[4:6], d["hp"], d["wp"],
+                                  np.float32(0)),
+                          partial(kwg.input_transform, v, xpad, tin, th, tw)]
             if d["fma"]:
                 if cols > m * th * tw:  # the GEMM's last tile: zeros, never denormals
                     calls.append(partial(v[:, :, m * th * tw:].fill, 0))

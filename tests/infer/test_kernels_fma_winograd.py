@@ -38,21 +38,40 @@ def _skewed(shape, fill=7.0):
     return full, full[:, :shape[1] * shape[2]].reshape(shape)
 
 
+def _fenced(shape, rng=RNG):
+    """Random float32 images in the middle of a NaN buffer: a read past their ends shows."""
+    size = int(np.prod(shape))
+    buf = np.full(size + 64, np.nan, np.float32)
+    buf[32:32 + size] = rng.standard_normal(size)
+    return buf[32:32 + size].reshape(shape)
+
+
+def _padded(x, ph, pw, th, tw):
+    """x padded with zeros as kernels_winograd wants it: (N, C, 2*th + 2, 2*tw + 2)."""
+    n, c, h, w = x.shape
+    xpad = np.zeros((n, c, 2 * th + 2, 2 * tw + 2), np.float32)
+    xpad[:, :, ph:ph + h, pw:pw + w] = x
+    return xpad
+
+
 @needs_fma
-@pytest.mark.parametrize("n,c,h,w", [(1, 3, 5, 7), (2, 4, 32, 32), (3, 2, 8, 8), (1, 2, 40, 33),
-                                     (2, 3, 4, 4), (1, 1, 3, 36)])
-def test_input_transform_equals_winograd_module(n, c, h, w):
-    """kernels_fma_winograd.input_transform (16 tiles of a row a step, masked at the row's end) equals
-    kernels_winograd's bit for bit, on odd sizes and rows of more than 16 tiles, into a V
-    with skewed rows whose columns past the tiles are left alone."""
-    th, tw = -(-h // 2), -(-w // 2)
-    xpad = RNG.standard_normal((n, c, 2 * th + 2, 2 * tw + 2)).astype(np.float32)
+@pytest.mark.parametrize("n,c,h,w,ph,pw", [(1, 3, 5, 7, 1, 1), (2, 4, 32, 32, 1, 1), (3, 2, 8, 8, 0, 0),
+                                           (1, 2, 40, 33, 1, 1), (2, 3, 4, 4, 0, 1), (1, 1, 3, 36, 1, 0),
+                                           (1, 2, 2, 2, 1, 1), (2, 1, 35, 70, 0, 1)])
+def test_input_transform_equals_winograd_module(n, c, h, w, ph, pw):
+    """kernels_fma_winograd.input_transform (16 tiles of a row a step, the padding masked off
+    its loads) on the unpadded images equals kernels_winograd's on the padded ones bit for bit:
+    odd sizes, each padding, rows of more than 16 tiles, into a V with skewed rows whose
+    columns past the tiles are left alone. The images sit between NaNs: a read outside them
+    would show."""
+    th, tw = -(-(h + 2 * ph - 2) // 2), -(-(w + 2 * pw - 2) // 2)
+    x = _fenced((n, c, h, w))
     cols = n * th * tw + 3
     want = np.zeros((16, c, cols), np.float32)
     tmp = np.zeros((n * c, 4, 2 * tw + 2), np.float32)
-    kwg.input_transform(want, xpad, tmp, th, tw)
+    kwg.input_transform(want, _padded(x, ph, pw, th, tw), tmp, th, tw)
     full, got = _skewed((16, c, cols))
-    kfw.input_transform(got, xpad, tmp, th, tw)
+    kfw.input_transform(got, x, tmp, th, tw, ph, pw)
     assert np.array_equal(got[:, :, :n * th * tw], want[:, :, :n * th * tw])
     assert np.all(got[:, :, n * th * tw:] == 7.0) and np.all(full[:, c * cols:] == 7.0)
 
@@ -111,7 +130,7 @@ def _fused(x, w, b, pad, act, pool, nt, chunk, serial=False):
 def test_fused_conv_is_a_convolution(n, c, o, h, w, pad, act, nt, chunk, pool):
     """kfw.fused_conv equals the float64 reference conv (+ bias, ReLU, 2x2 max pool) to float32
     rounding, and the steps run one by one (kfw's transforms, kfma.gemm) bit for bit."""
-    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    x = _fenced((n, c, h, w))
     wt = RNG.standard_normal((o, c, 3, 3)).astype(np.float32)
     b = RNG.standard_normal(o).astype(np.float32)
     got = _fused(x, wt, b, pad, act, pool, nt, chunk)
@@ -124,10 +143,8 @@ def test_fused_conv_is_a_convolution(n, c, o, h, w, pad, act, nt, chunk, pool):
     # the same steps as separate kernels, over the whole batch
     th, tw = -(-(h + 2 * pad[0] - 2) // 2), -(-(w + 2 * pad[1] - 2) // 2)
     cols = kfma.tile_cols(n * th * tw)
-    xpad = np.zeros((n, c, 2 * th + 2, 2 * tw + 2), np.float32)
-    xpad[:, :, pad[0]:pad[0] + h, pad[1]:pad[1] + w] = x
     v = np.zeros((16, c, cols), np.float32)
-    kfw.input_transform(v, xpad, None, th, tw)
+    kfw.input_transform(v, x, None, th, tw, *pad)
     u = np.zeros((16, o * c), np.float32)
     kfw.filter_transform(u, wt.reshape(-1, 9))
     m = np.zeros((16, o, cols), np.float32)
