@@ -319,6 +319,22 @@ def row_offsets(k: int, m: int) -> np.ndarray:
 # and activation), since W's rows are what the tile broadcasts from, read in place.
 
 
+def _transposed(builder, rows: list) -> list:
+    """The 16 x 16 transpose of 16 row vectors (float32), as 16 row vectors.
+
+    Four butterfly stages (s = 8, 4, 2, 1): rows i and i + s swap the lanes l whose bit s
+    differs from i's, which, over all four bits, is the transpose; 64 two-vector shuffles
+    (fewer where only some of the rows are used: LLVM drops the rest)."""
+    rows = list(rows)
+    for s in (8, 4, 2, 1):
+        lo = [lane if not lane & s else 16 + lane - s for lane in range(16)]
+        hi = [lane + s if not lane & s else 16 + lane for lane in range(16)]
+        for i in (i for i in range(16) if not i & s):
+            rows[i], rows[i + s] = (_shuffle(builder, rows[i], rows[i + s], lo),
+                                    _shuffle(builder, rows[i], rows[i + s], hi))
+    return rows
+
+
 def _make_transpose16():
     """dst[j, i] = src[i, j] for a 16 x 16 block of float32: rows of src lds bytes apart, rows
     of dst ldd bytes apart (addresses in bytes).
@@ -335,13 +351,7 @@ def _make_transpose16():
             src, lds, dst, ldd = args
             rows = [builder.load(_ptr(builder, builder.add(src, builder.mul(lds, _const(r))), _VF), align=4)
                     for r in range(16)]
-            for s in (8, 4, 2, 1):
-                lo = [lane if not lane & s else 16 + lane - s for lane in range(16)]
-                hi = [lane + s if not lane & s else 16 + lane for lane in range(16)]
-                for i in (i for i in range(16) if not i & s):
-                    rows[i], rows[i + s] = (_shuffle(builder, rows[i], rows[i + s], lo),
-                                            _shuffle(builder, rows[i], rows[i + s], hi))
-            for r, v in enumerate(rows):
+            for r, v in enumerate(_transposed(builder, rows)):
                 builder.store(v, _ptr(builder, builder.add(dst, builder.mul(ldd, _const(r))), _VF), align=4)
             return context.get_dummy_value()
 

@@ -26,13 +26,10 @@ from functools import partial
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fma import (
-    _I32,
-    _I64,
     _VF,
     HALF_P,
     TILE_O,
@@ -41,10 +38,11 @@ from pocket.infer.kernels_fma import (
     _make_tile,
     _shuffle,
     _tile,
+    _transposed,
     _vmax,
     tile_cols,
 )
-from pocket.infer.kernels_vnni import _const, _lanes_below, _masked_io, _splat
+from pocket.infer.kernels_vnni import _const, _lanes_below, _masked_io
 
 # The GEMMs' tile: 8 channels x 48 tiles (24 accumulators), the last 16 or 32 by kernels_fma's.
 # With K = C as short as 32 a tile's setup and stores weigh more: on (64 x 32) @ (32 x 304),
@@ -60,10 +58,13 @@ VM_SKEW = 16
 def _make_filter16():
     """u[e, l] = (G g_l G^T)[e] for the l < cnt (1..16) filters g_l = w[l, 0:9] (float32, 36
     bytes apart); u's rows ldu bytes apart. The same float32 operations, in the same order, as
-    kernels_winograd.filter_transform, on 16 filters at once: 9 gathers, 16 vector stores.
+    kernels_winograd.filter_transform, on 16 filters at once: 16 masked loads of a filter
+    each, transposed in registers into the 9 vectors of element e of every filter, 16 vector
+    stores.
 
     NOTE: the scalar transform stored 16 floats per filter one at a time, 16 rows apart, and
-    was store-bound (~20 cycles a filter: 217 us of cnn_cifar fp32's 2.6 ms at batch 1)."""
+    was store-bound (~20 cycles a filter: 217 us of cnn_cifar fp32's 2.6 ms at batch 1); 9
+    gathers in place of the loads and the transpose took ~9 cycles a filter."""
 
     @intrinsic
     def block(typingctx, w, u, ldu, cnt):
@@ -71,20 +72,14 @@ def _make_filter16():
 
         def codegen(context, builder, signature, args):
             w, u, ldu, cnt = args
-            vptr = ir.VectorType(ir.PointerType(), 16)
-            v64 = ir.VectorType(_I64, 16)
-            _, st = _masked_io(builder, _VF, 4)
+            ld, st = _masked_io(builder, _VF, 4)
             mask = _lanes_below(builder, cnt)
-            gather = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_VF, [vptr, _I32, mask.type, _VF]),
-                "llvm.masked.gather.v16f32.v16p0")
-            rows = builder.add(_splat(builder, w, v64), ir.Constant(v64, [36 * lane for lane in range(16)]))
-
-            def column(e):  # element e of the 16 filters
-                at = builder.inttoptr(builder.add(rows, _splat(builder, _const(4 * e), v64)), vptr)
-                return builder.call(gather, [at, ir.Constant(_I32, 4), mask, ir.Constant(_VF, None)])
-
-            g = [column(e) for e in range(9)]
+            nine = _lanes_below(builder, _const(9))
+            none = ir.Constant(nine.type, None)
+            filters = [ld(builder.add(w, _const(36 * lane)),
+                          builder.select(builder.icmp_signed("<", _const(lane), cnt), nine, none))
+                       for lane in range(16)]
+            g = _transposed(builder, filters)[:9]  # g[e]: element e of the 16 filters
             h = ir.Constant(_VF, [0.5] * 16)
             add, sub = builder.fadd, builder.fsub
             t1 = [builder.fmul(h, add(add(g[j], g[3 + j]), g[6 + j])) for j in range(3)]
