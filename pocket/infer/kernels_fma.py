@@ -407,3 +407,65 @@ def bias_act_t(out, c, b, act, alpha):
     for i in prange(n):
         for j in range(o):
             out[i, j] = c[j, i]
+
+
+# --------------------------------------------------------------------------- im2col
+# kernels_fp32.im2col_same a vector at a time: on small maps its rows are a few vectors long
+# and the scalar loop, with a mask test per element, ran ~1 ns an element.
+
+
+def _make_row16():
+    """dst[0:cnt] = src[l] where bit l of `bits` is set, else pad (cnt 1..16; addresses in
+    bytes, float32): one masked load (off the mask nothing is read) and one masked store."""
+
+    @intrinsic
+    def row16(typingctx, src, dst, bits, cnt, pad):
+        sig = types.void(*[types.intp] * 4, types.float32)
+
+        def codegen(context, builder, signature, args):
+            src, dst, bits, cnt, pad = args
+            mask_t = ir.VectorType(ir.IntType(1), 16)
+            load = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_VF, [ir.PointerType(), _I32, mask_t, _VF]),
+                "llvm.masked.load.v16f32.p0")
+            _, st = _masked_io(builder, _VF, 4)
+            inside = builder.bitcast(builder.trunc(bits, ir.IntType(16)), mask_t)
+            val = builder.call(load, [builder.inttoptr(src, ir.PointerType()), ir.Constant(_I32, 4), inside,
+                                      _splat(builder, pad, _VF)])
+            st(val, dst, _lanes_below(builder, cnt))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return row16
+
+
+_row16 = _make_row16()
+
+
+def same_masks(valid: np.ndarray) -> np.ndarray:
+    """kernels_fp32.same_valid's (kh*kw, H*W) mask as (kh*kw, ceil(H*W / 16)) int64 bit masks,
+    bit l of [t, v] for pixel 16v + l: im2col_same's argument."""
+    taps, hw = valid.shape
+    bits = np.zeros((taps, -(-hw // 16) * 16), np.int64)
+    bits[:, :hw] = valid != 0
+    return (bits.reshape(taps, -1, 16) << np.arange(16, dtype=np.int64)).sum(axis=2)
+
+
+@kernel
+def im2col_same(col, x, masks, kh, kw, ph, pw, dh, dw, pad, rb, cb):
+    """kernels_fp32.im2col_same (same layout and arguments) with masks = same_masks(valid): each
+    row a masked load and store per 16 pixels."""
+    n, c, h, w = x.shape
+    hw = h * w
+    ld, nv = col.shape[1], masks.shape[1]
+    xa, ca = np.int64(x.ctypes.data), np.int64(col.ctypes.data)
+    for nc in prange(n * c):
+        b, ch = nc // c, nc % c
+        for i in range(kh):
+            for j in range(kw):
+                s = (i * dh - ph) * w + (j * dw - pw)
+                src = xa + (nc * hw + s) * 4
+                dst = ca + ((b * rb + (ch * kh + i) * kw + j) * ld + b * cb) * 4
+                for v in range(nv):
+                    _row16(src + v * 64, dst + v * 64, masks[i * kw + j, v], min(16, hw - 16 * v), pad)

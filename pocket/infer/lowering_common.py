@@ -11,6 +11,7 @@ import numpy as np
 from pocket.formats import quant as qm
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Node
+from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_vnni as kv
@@ -70,12 +71,16 @@ def _aligned(nbytes: int) -> int:
 
 
 def _im2col(col, xs, geom, pad, rb: int, cb: int) -> partial:
-    """The im2col call for images xs: kernels_fp32.im2col_same where the conv keeps the map's
-    size at stride 1 (its mask made here, once a bind), else im2col."""
+    """The im2col call for images xs: im2col_same where the conv keeps the map's size at
+    stride 1 (its mask made here, once a bind; kernels_fma's on float32 images where it is
+    available, else kernels_fp32's), else im2col."""
     kh, kw, sh, sw, ph, pw, dh, dw = geom
     h, w = xs.shape[2:]
     if (sh, sw) == (1, 1) and 2 * ph == dh * (kh - 1) and 2 * pw == dw * (kw - 1):
         valid = kf.same_valid(h, w, kh, kw, ph, pw, dh, dw)
+        if kfma.AVAILABLE and xs.dtype == np.float32:
+            return partial(kfma.im2col_same, col, xs, kfma.same_masks(valid), kh, kw, ph, pw, dh, dw, pad,
+                           rb, cb)
         return partial(kf.im2col_same, col, xs, valid, kh, kw, ph, pw, dh, dw, pad, rb, cb)
     return partial(kf.im2col, col, xs, *geom, pad, rb, cb)
 

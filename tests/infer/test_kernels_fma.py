@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fp32 as kf
 
 needs_fma = pytest.mark.skipif(not kfma.AVAILABLE, reason="this CPU has no AVX-512")
 RNG = np.random.default_rng(12)
@@ -170,3 +171,40 @@ def test_transpose_in(blocks, n, k):
     xt = np.full((k, kfma.tile_cols(n)), np.nan, np.float32)
     kfma.transpose_in(xt, x, blocks)
     assert np.array_equal(xt[:, :n], x.T) and not xt[:, n:].any()
+
+
+def _naive_im2col(x, kh, kw, ph, pw, dh, dw, pad):
+    """(N, C*kh*kw, H*W) for a stride-1 conv that keeps the size, from a padded copy."""
+    n, c, h, w = x.shape
+    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), pad, np.float64)
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    rows = [xp[:, :, i * dh:i * dh + h, j * dw:j * dw + w] for i in range(kh) for j in range(kw)]
+    return np.stack(rows, axis=2).reshape(n, c * kh * kw, h * w)
+
+
+@needs_fma
+@pytest.mark.parametrize("geom", [(3, 3, 1, 1, 1, 1), (1, 1, 0, 0, 1, 1), (5, 3, 2, 1, 1, 1),
+                                  (3, 3, 2, 2, 2, 2), (3, 5, 1, 4, 1, 2)])
+@pytest.mark.parametrize("hw", [(4, 4), (8, 8), (3, 7), (1, 5), (9, 13), (32, 32)])
+@pytest.mark.parametrize("n", [1, 3])
+def test_im2col_same_vector(geom, hw, n):
+    """kfma.im2col_same (a masked load and store per 16 pixels) equals a naive im2col from a
+    padded copy in both layouts (rows K with the images side by side; rows b*K + k), with a
+    pad of 0 and of -7, never writing past a row's pixels nor reading outside the images
+    (which sit between NaNs)."""
+    kh, kw, ph, pw, dh, dw = geom
+    c, (h, w) = 2, hw
+    buf = np.full(n * c * h * w + 64, np.nan, np.float32)
+    x = buf[32:32 + n * c * h * w].reshape(n, c, h, w)
+    x[:] = RNG.standard_normal(x.shape)
+    masks = kfma.same_masks(kf.same_valid(h, w, kh, kw, ph, pw, dh, dw))
+    k, p = c * kh * kw, h * w
+    for pad in (0.0, -7.0):
+        want = _naive_im2col(x, kh, kw, ph, pw, dh, dw, pad)
+        wide = np.full((k, n * p + 5), 9.0, np.float32)
+        kfma.im2col_same(wide, x, masks, kh, kw, ph, pw, dh, dw, np.float32(pad), 0, p)
+        assert np.array_equal(wide[:, :n * p], want.transpose(1, 0, 2).reshape(k, n * p))
+        assert np.all(wide[:, n * p:] == 9.0)
+        per = np.full((n * k, p), np.nan, np.float32)
+        kfma.im2col_same.serial(per, x, masks, kh, kw, ph, pw, dh, dw, np.float32(pad), k, 0)
+        assert np.array_equal(per, want.reshape(n * k, p))
