@@ -255,6 +255,7 @@ def _prep_fma(eng: Engine, node: Node, d: dict) -> dict:
     o, k, p = d["o"], d["k"], d["p"]
     kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
     d["w2"] = d["w"].reshape(o, k)
+    plain = dict(d)
     if (sh, sw) == (1, 1):
         geo = _pitch_geometry(eng, node, d["geom"])
         mpi = kfma.tile_cols(geo["pix"])
@@ -268,7 +269,20 @@ def _prep_fma(eng: Engine, node: Node, d: dict) -> dict:
             d["chunk"] = max(1, min(eng.max_batch, FMA_SCRATCH_BYTES // per_image))
             d["scratch_bytes"] = (_aligned((d["chunk"] * d["padded"] + d["slack"]) * 4)
                                   + _aligned(o * d["chunk"] * mpi * 4))
+            # a batch of one takes im2col where the GEMM can write its output directly (see
+            # _b_conv2d): cnn_cifar fp32's first conv (3 -> 64, 32x32) at batch 1 saved the
+            # padding and the epilogue pass (~50 -> ~30 us)
+            if p % kfma.HALF_P == 0:
+                cols = _prep_fma_cols(eng, plain)
+                d["cols_plan"] = cols
+                d["scratch_bytes"] = max(d["scratch_bytes"], cols["scratch_bytes"])
             return d
+    return _prep_fma_cols(eng, d)
+
+
+def _prep_fma_cols(eng: Engine, d: dict) -> dict:
+    """The "fma_cols" route of _prep_fma: im2col columns of a chunk of images, one GEMM."""
+    o, k, p = d["o"], d["k"], d["p"]
     d["kind"] = "fma_cols"
     d["chunk"] = max(1, min(eng.max_batch, FMA_SCRATCH_BYTES // ((k + o) * p * 4)))
     cols = kfma.tile_cols(d["chunk"] * p)
@@ -359,6 +373,8 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
         pnode = eng.graph.nodes[pstep]
         pool, pool_geom = eng._view(pnode.outputs[0], n), _pool_geom(pnode.attrs)[:4]
         eng._skip.add(pstep)
+    if "cols_plan" in d and n == 1 and pool is None and act in (0, 1) and (d["b"].size or act == 0):
+        d = d["cols_plan"]  # (see the fma_cols route: no epilogue pass for one image)
     if d["kind"] == "vnni" and "quad" in d:
         return [*calls, *_b_conv_quad(eng, step, d, a, x, y, pool, pool_geom, n)]
     if fused:
@@ -479,9 +495,16 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             kpart = k // halves
             if cols > m * p:
                 calls.append(partial(col[:, m * p:].fill, 0))
-            calls += [_im2col(col, xs, geom, np.float32(0), 0, p),
-                      partial(kfma.gemm, yw, d["w2"], col, kfma.row_offsets(kpart, cols), halves, o, cols,
-                              kpart * cols, kpart, k, o * cols, cols, _EMPTY_F32, 0)]
+            calls.append(_im2col(col, xs, geom, np.float32(0), 0, p))
+            # one image whose pixels fill whole tiles: the GEMM's (O, P) is its NCHW output,
+            # so the GEMM writes it with the bias and ReLU (no epilogue pass)
+            epi = (1 + act) if d["b"].size else (0 if act == 0 else -1)  # kfma.gemm's epilogue
+            if m == 1 and cols == p and halves == 1 and pool is None and act in (0, 1) and epi >= 0:
+                calls.append(partial(kfma.gemm, ys[0], d["w2"], col, kfma.row_offsets(k, cols), 1, o, cols,
+                                     0, 0, k, 0, cols, d["b"], epi))
+                continue
+            calls.append(partial(kfma.gemm, yw, d["w2"], col, kfma.row_offsets(kpart, cols), halves, o, cols,
+                                 kpart * cols, kpart, k, o * cols, cols, _EMPTY_F32, 0))
             if halves == 2:
                 calls.append(partial(kf.add, yw[:o].reshape(-1), yw[:o].reshape(-1), yw[o:].reshape(-1)))
             yw = yw[:o]

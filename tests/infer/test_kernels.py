@@ -408,6 +408,28 @@ def test_serial_and_parallel_plans_agree(work, n, int8, monkeypatch, int8_route)
         assert_close(got, want, scale=45)
 
 
+@pytest.mark.parametrize("act,bias", [("relu", True), ("none", True), ("none", False), ("relu", False),
+                                      ("gelu", True)])
+@pytest.mark.parametrize("n", [1, 2])
+def test_conv2d_cols_writes_output(act, bias, n, fp32_route):
+    """An im2col conv of one image whose pixels fill whole GEMM tiles (4x4 map) takes the
+    GEMM's bias and ReLU and writes the output itself (no epilogue call) on AVX-512; other
+    batches, activations, and ReLU without a bias keep the epilogue."""
+    c, o = 16, 41  # enough channels for im2col over the pitch's junk columns
+    params = _conv_params(c, o, 3, 3, 1, bias=bias)
+    x = RNG.standard_normal((n, c, 4, 4)).astype(np.float32)
+    node = Node("conv", "conv2d", ["x", "w", "b"] if bias else ["x", "w"], ["y"],
+                {"padding": [1, 1], "activation": act})
+    with Engine(FakeContainer(Graph({"x": ValueInfo("f32", ("N", c, 4, 4))}, ["y"], [node],
+                                    {k: _info(v) for k, v in params.items()}), params), threads=1) as eng:
+        eng.run(x)
+        funcs = [getattr(getattr(f, "func", f), "__name__", "") for f in eng._bound[n].calls]
+    direct = fp32_route == "fma" and n == 1 and act in ("relu", "none") and (bias or act == "none")
+    assert (not any(f.startswith("bias_act") for f in funcs)) == direct, funcs
+    got, want = run_both(x, [node], params)
+    assert_close(got, want, scale=3 * np.sqrt(9 * c))
+
+
 # --------------------------------------------------------------------------- Winograd F(2x2, 3x3)
 # fp32 3x3 stride-1 convs with WINOGRAD_MIN_C+ input channels (kernels_winograd)
 
