@@ -14,8 +14,10 @@ validates the graph, rejects every unsupported op in one error, and plans:
   im2col row is one contiguous copy; 3x3 stride-1 convs with 64+ input channels and enough
   tiles a call run as Winograd F(2x2, 3x3) (kernels_winograd: 16 GEMMs, 2.25x fewer
   multiply-adds); on a CPU with AVX-512 every fp32 GEMM is kernels_fma's instead of BLAS, a
-  stride-1 conv reads its padded images in place (no im2col), and Winograd takes 32+ channels,
-  each thread running its own images' whole conv in L2-sized chunks (kernels_fma_winograd);
+  stride-1 conv reads its padded images in place (no im2col) but for one image whose pixels
+  fill whole tiles (im2col, then a GEMM that writes NCHW with its bias and ReLU), and
+  Winograd takes 32+ channels, reads the images unpadded, and runs each thread's own images'
+  whole conv in L2-sized chunks (kernels_fma_winograd);
 - plan-level fusion: a conv2d whose only reader is an unpadded maxpool2d (and whose
   activation is non-decreasing) writes the pooled output from its epilogue, and a linear whose
   only reader is a linear on the same GEMM route leaves its result in that one's packed
