@@ -140,7 +140,9 @@ def _bias_relu(builder, v, bo, relu):
 
 
 def _make_dot():
-    """c[r] = sum over j < k of x[j] * w[r, j] for r < rows (1..TILE_O; float32, 4 bytes apart).
+    """c[r] = sum over j < k of x[j] * w[r, j] for r < rows (1..TILE_O; float32, 4 bytes apart);
+    with bias != 0 (the address of row 0's bias) c[r] gets the sum + bias[r], then a ReLU if
+    relu != 0 (as the Numba epilogues do it).
 
     x and the rows of w (ldw bytes apart) are read in chunks of 16 floats; the last partial
     chunk is a masked load and reads as zeros, never past the end. Each row's 16 lanes are
@@ -148,11 +150,11 @@ def _make_dot():
     """
 
     @intrinsic
-    def dot(typingctx, x, w, ldw, c, k, rows):
-        sig = types.void(*[types.intp] * 6)
+    def dot(typingctx, x, w, ldw, c, k, rows, bias, relu):
+        sig = types.void(*[types.intp] * 8)
 
         def codegen(context, builder, signature, args):
-            x, w, ldw, c, k, rows = args
+            x, w, ldw, c, k, rows, bias, relu = args
             mod = builder.module
             fma = cgutils.get_or_insert_function(mod, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
             w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
@@ -180,7 +182,16 @@ def _make_dot():
                 with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
                     a = builder.call(fma, [xv, masked(wr), a])
                     total = builder.call(red, [ir.Constant(_F32, 0.0), a], fastmath=("reassoc",))
-                    builder.store(total, _ptr(builder, builder.add(c, _const(4 * r)), _F32), align=4)
+                    has_bias = builder.icmp_signed("!=", bias, _const(0))
+                    with builder.if_then(has_bias):  # (a block of its own: never a load at 0)
+                        bo = builder.load(_ptr(builder, builder.add(bias, _const(4 * r)), _F32), align=4)
+                        biased = builder.fadd(total, bo)
+                        zero = ir.Constant(_F32, 0.0)
+                        out = builder.select(builder.icmp_signed("!=", relu, _const(0)), builder.select(
+                            builder.fcmp_ordered(">", biased, zero), biased, zero), biased)
+                        builder.store(out, _ptr(builder, builder.add(c, _const(4 * r)), _F32), align=4)
+                    with builder.if_then(builder.not_(has_bias)):
+                        builder.store(total, _ptr(builder, builder.add(c, _const(4 * r)), _F32), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -243,16 +254,19 @@ def bias_act_pool2_pitch(out, y, pitch, istride, b, act):
                 _pool2(src + ow * 8, pitch * 4, dst + ow * 4, min(16, wo - ow), bo, act)
 
 @kernel
-def gemv(y, x, w):
+def gemv(y, x, w, b, epi):
     """x (N, K), w (O, K) -> y (N, O) = x @ w.T, for few rows (a linear at batch 1): dot
-    products along K, 8 weight rows at a time; parallel over (row, block of outputs)."""
+    products along K, 8 weight rows at a time; parallel over (row, block of outputs). epi 1:
+    + b (O,) too, epi 2: then a ReLU (applied to the sums in registers); 0: the plain sums."""
     n, k = x.shape
     o = w.shape[0]
     xa, wa, ya = np.int64(x.ctypes.data), np.int64(w.ctypes.data), np.int64(y.ctypes.data)
+    ba, relu = np.int64(b.ctypes.data) if epi != 0 else np.int64(0), np.int64(epi == 2)
     n_o = (o + TILE_O - 1) // TILE_O
     for t in prange(n * n_o):
         i, o0 = t // n_o, (t % n_o) * TILE_O
-        _dot(xa + i * k * 4, wa + o0 * k * 4, k * 4, ya + (i * o + o0) * 4, k, min(TILE_O, o - o0))
+        _dot(xa + i * k * 4, wa + o0 * k * 4, k * 4, ya + (i * o + o0) * 4, k, min(TILE_O, o - o0),
+             ba + o0 * 4 if epi != 0 else ba, relu)
 
 
 def tile_cols(m: int) -> int:

@@ -164,8 +164,11 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
         return [*calls, partial(kfma.gemm, c, w, xt, offs, 1, o, cols, 0, 0, k, 0, ldc, _EMPTY_F32, 0),
                 partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), a["alpha"])]
     if kfma.AVAILABLE:
-        return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"]),
-                partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), a["alpha"])]
+        act = _act_code(a)
+        if act in (0, 1) and (d["b"].size or act == 0):  # the epilogue on the sums in registers
+            return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"], d["b"], (1 + act) if d["b"].size else 0)]
+        return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"], _EMPTY_F32, 0),
+                partial(kf.bias_act_rows, y, y, d["b"], act, a["alpha"])]
     return [partial(np.matmul, x, d["wT"], out=y),
             partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), a["alpha"])]
 

@@ -130,9 +130,22 @@ def test_gemv_tails(n, k, o, serial):
     x[:] = RNG.standard_normal((n, k))
     w[:] = RNG.standard_normal((o, k))
     y = np.full((n, o), np.nan, np.float32)
-    (kfma.gemv.serial if serial else kfma.gemv)(y, x, w)
+    gemv = kfma.gemv.serial if serial else kfma.gemv
+    gemv(y, x, w, NO_BIAS, 0)
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    # the epilogue in registers: + b, then a ReLU; the same float32 ops as the sums, then
+    # kernels_fp32.bias_act_rows
+    b = RNG.standard_normal(o).astype(np.float32)
+    for epi in (1, 2):
+        got = np.full((n, o), np.nan, np.float32)
+        gemv(got, x, w, b, epi)
+        steps = np.empty_like(y)
+        kf.bias_act_rows(steps, y, b, epi - 1, 0.0)
+        assert np.array_equal(got, steps)
+        ref = want + b
+        np.testing.assert_allclose(got, np.maximum(ref, 0) if epi == 2 else ref, rtol=1e-5,
+                                   atol=1e-5 * np.sqrt(k))
 
 
 @needs_fma
