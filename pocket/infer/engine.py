@@ -621,6 +621,8 @@ def _call_work(call: partial, spinning: bool = False) -> int:
     # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
     if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
+    if call.func is kfma.gemm_pool2_pitch:  # the same, and the pooled epilogue
+        return 4 * call.args[5] * call.args[6] * call.args[7] * call.args[4].shape[0]
     if call.func is kfw.fused_conv:  # its 16 GEMMs of (O, C) @ (C, tiles), as kfma.gemm's
         out, x, _, _, _, _, _, th, tw = call.args[:9]
         return 4 * 16 * out.shape[1] * x.shape[1] * x.shape[0] * th * tw

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -241,17 +241,23 @@ def bias_act_pool2_pitch(out, y, pitch, istride, b, act):
     NOTE: the Numba loop ran ~1 ns an output (7-14 outputs a row, mostly its scalar tail):
     the pooled epilogues were 0.7 of cnn_mnist fp32's 4.8 ms at batch 64."""
     n, o, ho, wo = out.shape
-    mp = y.shape[1]
-    has_bias = b.shape[0] > 0
     ya, oa = np.int64(y.ctypes.data), np.int64(out.ctypes.data)
     for r in prange(n * o):
-        bi, oc = r // o, r % o
-        bo = b[oc] if has_bias else np.float32(0.0)
-        for oh in range(ho):
-            src = ya + (oc * mp + bi * istride + 2 * oh * pitch) * 4
-            dst = oa + ((r * ho + oh) * wo) * 4
-            for ow in range(0, wo, 16):
-                _pool2(src + ow * 8, pitch * 4, dst + ow * 4, min(16, wo - ow), bo, act)
+        _pool2_plane(oa, ya, y.shape[1], r, o, ho, wo, pitch, istride, b, act)
+
+
+@njit(cache=True)
+def _pool2_plane(oa, ya, mp, r, o, ho, wo, pitch, istride, b, act):
+    """bias_act_pool2_pitch's plane r = (image bi, channel oc): out at oa (N, O, Ho, Wo), the
+    GEMM result at ya (rows of mp floats)."""
+    bi, oc = r // o, r % o
+    bo = b[oc] if b.shape[0] > 0 else np.float32(0.0)
+    for oh in range(ho):
+        src = ya + (oc * mp + bi * istride + 2 * oh * pitch) * 4
+        dst = oa + ((r * ho + oh) * wo) * 4
+        for ow in range(0, wo, 16):
+            _pool2(src + ow * 8, pitch * 4, dst + ow * 4, min(16, wo - ow), bo, act)
+
 
 @kernel
 def gemv(y, x, w, b, epi):
@@ -288,32 +294,61 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc, b, epi):
     per 32 pixels and the GEMM ran at a third of its speed. The parallel loop is over
     (item, pixel group) pairs, split along the channels too when there are fewer than 8.
     """
-    k = offs.shape[0]
-    wa, xa, ca, oa = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
-                      np.int64(offs.ctypes.data))
-    ba, relu = np.int64(b.ctypes.data), np.int64(epi == 2)
+    n_g, n_o, per_o = _gemm_split(nb, o, m)
+    for t in prange(nb * n_g * n_o):
+        _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, per_o)
+
+
+@njit(cache=True)
+def _gemm_split(nb, o, m):
+    """gemm's parallel parts: (pixel groups, channel splits, channels a split)."""
     n_p = (m + TILE_P - 1) // TILE_P  # the last one a half tile when m % TILE_P != 0
     n_g = (n_p + GROUP_P - 1) // GROUP_P
     tiles_o = (o + TILE_O - 1) // TILE_O
     n_o = max(1, min(tiles_o, (8 + nb * n_g - 1) // (nb * n_g)))
     per_o = (tiles_o + n_o - 1) // n_o * TILE_O
-    n_o = (o + per_o - 1) // per_o
-    for t in prange(nb * n_g * n_o):
-        item, rest = t // (n_g * n_o), t % (n_g * n_o)
-        g, ob = rest // n_o, (rest % n_o) * per_o
-        xb, cb = xa + item * xs * 4, ca + (item * cs) * 4
-        for k0 in range(0, k, BLOCK_K):
-            nk = min(BLOCK_K, k - k0)
-            for o0 in range(ob, min(o, ob + per_o), TILE_O):
-                wr, cr = wa + (item * ws + o0 * ldw + k0) * 4, cb + o0 * ldc * 4
-                bias = ba + o0 * 4 if epi != 0 and k0 + nk == k else np.int64(0)
-                for pt in range(g * GROUP_P, min(n_p, (g + 1) * GROUP_P)):
-                    args = (wr, ldw * 4, xb + pt * (TILE_P * 4), oa + k0 * 8, nk,
-                            cr + pt * (TILE_P * 4), ldc * 4, k0, min(TILE_O, o - o0), bias, relu)
-                    if (pt + 1) * TILE_P <= m:
-                        _tile(*args)
-                    else:
-                        _half(*args)
+    return n_g, (o + per_o - 1) // per_o, per_o
+
+
+@njit(cache=True)
+def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, per_o):
+    """Part t of gemm (same arguments): item t // (n_g*n_o), its pixel group and channels."""
+    k = offs.shape[0]
+    wa, xa, ca, oa = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
+                      np.int64(offs.ctypes.data))
+    ba, relu = np.int64(b.ctypes.data), np.int64(epi == 2)
+    n_p = (m + TILE_P - 1) // TILE_P
+    item, rest = t // (n_g * n_o), t % (n_g * n_o)
+    g, ob = rest // n_o, (rest % n_o) * per_o
+    xb, cb = xa + item * xs * 4, ca + (item * cs) * 4
+    for k0 in range(0, k, BLOCK_K):
+        nk = min(BLOCK_K, k - k0)
+        for o0 in range(ob, min(o, ob + per_o), TILE_O):
+            wr, cr = wa + (item * ws + o0 * ldw + k0) * 4, cb + o0 * ldc * 4
+            bias = ba + o0 * 4 if epi != 0 and k0 + nk == k else np.int64(0)
+            for pt in range(g * GROUP_P, min(n_p, (g + 1) * GROUP_P)):
+                args = (wr, ldw * 4, xb + pt * (TILE_P * 4), oa + k0 * 8, nk,
+                        cr + pt * (TILE_P * 4), ldc * 4, k0, min(TILE_O, o - o0), bias, relu)
+                if (pt + 1) * TILE_P <= m:
+                    _tile(*args)
+                else:
+                    _half(*args)
+
+
+@kernel
+def gemm_pool2_pitch(out, c, w, x, offs, nb, o, m, xs, ldw, pitch, b, act):
+    """gemm (nb images at a pitch: C_b at c[:, b*m:(b+1)*m], ldc = nb*m) followed, in each
+    part, by bias_act_pool2_pitch of the planes it computed, into out (nb, O, Ho, Wo): the
+    epilogue reads what its own core just wrote. Only where a part holds whole images
+    (m <= GROUP_P * TILE_P pixels: one pixel group)."""
+    n_g, n_o, per_o = _gemm_split(nb, o, m)
+    ho, wo = out.shape[2], out.shape[3]
+    oa, ca = np.int64(out.ctypes.data), np.int64(c.ctypes.data)
+    for t in prange(nb * n_o):
+        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, n_o, per_o)
+        item, ob = t // n_o, (t % n_o) * per_o
+        for oc in range(ob, min(o, ob + per_o)):
+            _pool2_plane(oa, ca, nb * m, item * o + oc, o, ho, wo, pitch, m, b, act)
 
 
 def pitch_offsets(c: int, hp: int, wp: int, kh: int, kw: int, dh: int, dw: int) -> np.ndarray:

@@ -472,8 +472,13 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             yw = eng._scratch(step, np.float32, (o, m * mpi),
                               _aligned((d["chunk"] * padded + d["slack"]) * 4))
             kh, kw, sh, sw, ph, pw, dh, dw = geom
-            calls += [partial(kf.pad_images, xpad, xs, ph, pw, d["hp"], d["wp"], np.float32(0)),
-                      partial(kfma.gemm, yw, d["w2"], xpad, d["offs"], m, o, mpi, padded, 0, k, mpi,
+            calls.append(partial(kf.pad_images, xpad, xs, ph, pw, d["hp"], d["wp"], np.float32(0)))
+            if (pool is not None and tuple(pool_geom) == (2, 2, 2, 2) and act in (0, 1)
+                    and mpi <= kfma.GROUP_P * kfma.TILE_P):  # each part pools its own planes
+                calls.append(partial(kfma.gemm_pool2_pitch, pool[start:start + m], yw, d["w2"], xpad,
+                                     d["offs"], m, o, mpi, padded, k, d["pitch"], d["b"], act))
+                continue
+            calls += [partial(kfma.gemm, yw, d["w2"], xpad, d["offs"], m, o, mpi, padded, 0, k, mpi,
                               m * mpi, _EMPTY_F32, 0),
                       partial(kf.bias_act_pitch, y[start:start + m], yw, d["pitch"], mpi, d["b"], act,
                               alpha)

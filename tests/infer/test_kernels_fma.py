@@ -175,6 +175,36 @@ def test_bias_act_pool2_pitch_equals_numba_loop(ho, wo, pitch, act):
 
 
 @needs_fma
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("n,c,o,h,w,act", [(1, 32, 64, 14, 14, 1), (3, 4, 13, 7, 9, 0), (2, 3, 21, 5, 5, 1),
+                                           (1, 8, 5, 12, 31, 1)])
+def test_gemm_pool2_pitch_equals_steps(n, c, o, h, w, act, serial):
+    """The pitch GEMM with each part's pooled epilogue equals gemm then bias_act_pool2_pitch
+    bit for bit: several images, channels past a multiple of 8 (and splits of them), odd
+    maps; every pooled output written."""
+    from pocket.infer import kernels_fp32 as kf
+
+    hp, wp = h + 2, w + 1  # a 3x3 'same' conv at the pitch of Wp (see _pitch_geometry)
+    mpi = kfma.tile_cols(h * wp)
+    padded = c * hp * wp
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    xpad = np.zeros(n * padded + 2 + mpi - h * wp + 16, np.float32)
+    kf.pad_images(xpad, x, 1, 1, hp, wp, np.float32(0))
+    wt = RNG.standard_normal((o, c * 9)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    offs = kfma.pitch_offsets(c, hp, wp, 3, 3, 1, 1)
+    yw = np.zeros((o, n * mpi), np.float32)
+    kfma.gemm(yw, wt, xpad, offs, n, o, mpi, padded, 0, c * 9, mpi, n * mpi, NO_BIAS, 0)
+    want = np.zeros((n, o, h // 2, w // 2), np.float32)
+    kfma.bias_act_pool2_pitch(want, yw, wp, mpi, b, act)
+    got = np.full(want.shape, np.nan, np.float32)
+    scratch = np.zeros_like(yw)
+    (kfma.gemm_pool2_pitch.serial if serial else kfma.gemm_pool2_pitch)(
+        got, scratch, wt, xpad, offs, n, o, mpi, padded, c * 9, wp, b, act)
+    assert np.array_equal(got, want)
+
+
+@needs_fma
 @pytest.mark.parametrize("blocks", [True, False])
 @pytest.mark.parametrize("n,k", [(64, 784), (17, 33), (16, 16), (5, 40), (31, 17)])
 def test_transpose_in(blocks, n, k):
