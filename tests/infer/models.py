@@ -194,3 +194,13 @@ def to_onnx(graph: Graph, params: dict) -> bytes:
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model.SerializeToString()
+
+
+def naive_im2col(x, kh, kw, ph, pw, dh, dw, pad):
+    """(N, C*kh*kw, H*W) for a stride-1 conv that keeps the size: row (c, i, j) of image b,
+    from a padded copy (the reference for the im2col_same kernels)."""
+    n, c, h, w = x.shape
+    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), pad, np.float64)
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    rows = [xp[:, :, i * dh:i * dh + h, j * dw:j * dw + w] for i in range(kh) for j in range(kw)]
+    return np.stack(rows, axis=2).reshape(n, c * kh * kw, h * w)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from models import FakeContainer
+from models import FakeContainer, naive_im2col
 
 from pocket.formats import quant as qm
 from pocket.formats import reference as ref
@@ -552,15 +552,6 @@ def test_quantize_ties_and_extremes_exact(scale, zp):
     assert np.array_equal(out, qm.quantize(x, scale, zp))
 
 
-def _naive_im2col(x, kh, kw, ph, pw, dh, dw, pad):
-    """(N, C*kh*kw, H*W) for a stride-1 conv that keeps the size: row (c, i, j) of image b."""
-    n, c, h, w = x.shape
-    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), pad, np.float64)
-    xp[:, :, ph:ph + h, pw:pw + w] = x
-    rows = [xp[:, :, i * dh:i * dh + h, j * dw:j * dw + w] for i in range(kh) for j in range(kw)]
-    return np.stack(rows, axis=2).reshape(n, c * kh * kw, h * w)
-
-
 @pytest.mark.parametrize("geom", [(3, 3, 1, 1, 1, 1), (1, 1, 0, 0, 1, 1), (5, 3, 2, 1, 1, 1),
                                   (3, 3, 2, 2, 2, 2), (3, 5, 1, 4, 1, 2)])
 @pytest.mark.parametrize("hw", [(4, 4), (8, 8), (3, 7), (1, 5)])
@@ -573,7 +564,7 @@ def test_im2col_same(geom, hw, n):
     x = RNG.standard_normal((n, 2, *hw)).astype(np.float32)
     valid = kf.same_valid(*hw, kh, kw, ph, pw, dh, dw)
     k, p = 2 * kh * kw, hw[0] * hw[1]
-    want = _naive_im2col(x, kh, kw, ph, pw, dh, dw, 0.0)
+    want = naive_im2col(x, kh, kw, ph, pw, dh, dw, 0.0)
     wide = np.full((k, n * p + 5), np.nan, np.float32)
     kf.im2col_same(wide, x, valid, kh, kw, ph, pw, dh, dw, np.float32(0), 0, p)
     assert np.array_equal(wide[:, :n * p], want.transpose(1, 0, 2).reshape(k, n * p))
@@ -582,7 +573,7 @@ def test_im2col_same(geom, hw, n):
     assert np.array_equal(per, want.reshape(n * k, p))
     xq = RNG.integers(-128, 128, x.shape).astype(np.int8)
     kf.im2col_same(wide, xq, valid, kh, kw, ph, pw, dh, dw, np.float32(-7), 0, p)
-    want = _naive_im2col(xq, kh, kw, ph, pw, dh, dw, -7.0)
+    want = naive_im2col(xq, kh, kw, ph, pw, dh, dw, -7.0)
     assert np.array_equal(wide[:, :n * p], want.transpose(1, 0, 2).reshape(k, n * p))
 
 

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from models import naive_im2col
 
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
@@ -216,15 +217,6 @@ def test_transpose_in(blocks, n, k):
     assert np.array_equal(xt[:, :n], x.T) and not xt[:, n:].any()
 
 
-def _naive_im2col(x, kh, kw, ph, pw, dh, dw, pad):
-    """(N, C*kh*kw, H*W) for a stride-1 conv that keeps the size, from a padded copy."""
-    n, c, h, w = x.shape
-    xp = np.full((n, c, h + 2 * ph, w + 2 * pw), pad, np.float64)
-    xp[:, :, ph:ph + h, pw:pw + w] = x
-    rows = [xp[:, :, i * dh:i * dh + h, j * dw:j * dw + w] for i in range(kh) for j in range(kw)]
-    return np.stack(rows, axis=2).reshape(n, c * kh * kw, h * w)
-
-
 @needs_fma
 @pytest.mark.parametrize("geom", [(3, 3, 1, 1, 1, 1), (1, 1, 0, 0, 1, 1), (5, 3, 2, 1, 1, 1),
                                   (3, 3, 2, 2, 2, 2), (3, 5, 1, 4, 1, 2)])
@@ -243,7 +235,7 @@ def test_im2col_same_vector(geom, hw, n):
     masks = kfma.same_masks(kf.same_valid(h, w, kh, kw, ph, pw, dh, dw))
     k, p = c * kh * kw, h * w
     for pad in (0.0, -7.0):
-        want = _naive_im2col(x, kh, kw, ph, pw, dh, dw, pad)
+        want = naive_im2col(x, kh, kw, ph, pw, dh, dw, pad)
         wide = np.full((k, n * p + 5), 9.0, np.float32)
         kfma.im2col_same(wide, x, masks, kh, kw, ph, pw, dh, dw, np.float32(pad), 0, p)
         assert np.array_equal(wide[:, :n * p], want.transpose(1, 0, 2).reshape(k, n * p))
