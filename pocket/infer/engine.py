@@ -636,7 +636,7 @@ def _call_work(call: partial, spinning: bool = False) -> int:
     # element on 4x4 maps): counted 4x (cnn_cifar fp32 batch 1, 2 threads: 43 -> 19 us a call)
     if call.func is kf.im2col or call.func is kf.im2col_same:
         return 4 * per_element * size
-    # (kernels_fma's im2col_same: a vector at a time, 2-4x faster than kernels_fp32's)
+    # (kernels_fma's im2col_same, a vector at a time and 2-4x faster, counts as any other)
     # NOTE: quantizing is a cheap stream: split across cores, its output lands in both
     # caches and the (serial) packing after it pays more than the split saved; counted as in
     # a plan whose pool sleeps (mlp int8 batch 64, 2 threads: 96 -> 80 us)

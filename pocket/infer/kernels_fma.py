@@ -473,15 +473,9 @@ def _make_row16():
 
         def codegen(context, builder, signature, args):
             src, dst, bits, cnt, pad = args
-            mask_t = ir.VectorType(ir.IntType(1), 16)
-            load = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_VF, [ir.PointerType(), _I32, mask_t, _VF]),
-                "llvm.masked.load.v16f32.p0")
-            _, st = _masked_io(builder, _VF, 4)
-            inside = builder.bitcast(builder.trunc(bits, ir.IntType(16)), mask_t)
-            val = builder.call(load, [builder.inttoptr(src, ir.PointerType()), ir.Constant(_I32, 4), inside,
-                                      _splat(builder, pad, _VF)])
-            st(val, dst, _lanes_below(builder, cnt))
+            ld, st = _masked_io(builder, _VF, 4)
+            inside = builder.bitcast(builder.trunc(bits, ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
+            st(ld(src, inside, _splat(builder, pad, _VF)), dst, _lanes_below(builder, cnt))
             return context.get_dummy_value()
 
         return sig, codegen

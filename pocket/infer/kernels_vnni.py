@@ -102,8 +102,9 @@ def _lanes_below(builder, n):
 
 
 def _masked_io(builder, vty, align: int):
-    """ld(addr, mask), st(val, addr, mask): LLVM's masked load and store of vty at byte
-    addresses; lanes off the mask are neither read nor written (a load gives zeros there)."""
+    """ld(addr, mask[, passthru]), st(val, addr, mask): LLVM's masked load and store of vty at
+    byte addresses; lanes off the mask are neither read nor written (a load gives zeros there,
+    or passthru's lanes)."""
     mod = builder.module
     n, elt = vty.count, vty.element
     name = f"v{n}{'f32' if isinstance(elt, ir.FloatType) else f'i{elt.width}'}.p0"
@@ -114,9 +115,9 @@ def _masked_io(builder, vty, align: int):
         mod, ir.FunctionType(ir.VoidType(), [vty, ir.PointerType(), _I32, mask_t]),
         "llvm.masked.store." + name)
 
-    def ld(addr, mask):
+    def ld(addr, mask, passthru=None):
         return builder.call(load, [builder.inttoptr(addr, ir.PointerType()), ir.Constant(_I32, align), mask,
-                                   ir.Constant(vty, None)])
+                                   ir.Constant(vty, None) if passthru is None else passthru])
 
     def st(val, addr, mask):
         builder.call(store, [val, builder.inttoptr(addr, ir.PointerType()), ir.Constant(_I32, align), mask])

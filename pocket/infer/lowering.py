@@ -31,6 +31,7 @@ from pocket.infer.lowering_common import (
     _aligned,
     _int8_consts,
     _pool_geom,
+    _register_epi,
     _tile_cols,
     _vnni_cols_bytes,
     _vnni_rows_bytes,
@@ -165,8 +166,9 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
                 partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), a["alpha"])]
     if kfma.AVAILABLE:
         act = _act_code(a)
-        if act in (0, 1) and (d["b"].size or act == 0):  # the epilogue on the sums in registers
-            return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"], d["b"], (1 + act) if d["b"].size else 0)]
+        epi = _register_epi(d["b"], act)
+        if epi is not None:  # the epilogue on the sums in registers
+            return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"], d["b"], epi)]
         return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"], _EMPTY_F32, 0),
                 partial(kf.bias_act_rows, y, y, d["b"], act, a["alpha"])]
     return [partial(np.matmul, x, d["wT"], out=y),

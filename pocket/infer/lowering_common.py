@@ -70,6 +70,17 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
+def _register_epi(b: np.ndarray, act: int) -> int | None:
+    """kernels_fma's epilogue code (gemm, gemv: 0 the plain sums, 1 + b, 2 + b then ReLU) for a
+    bias b (may be empty) and activation code act, or None where it cannot do them (other
+    activations, a ReLU without a bias) and a separate epilogue pass must."""
+    if act not in (0, 1):
+        return None
+    if b.size:
+        return 1 + act
+    return 0 if act == 0 else None
+
+
 def _im2col(col, xs, geom, pad, rb: int, cb: int) -> partial:
     """The im2col call for images xs: im2col_same where the conv keeps the map's size at
     stride 1 (its mask made here, once a bind; kernels_fma's on float32 images where it is

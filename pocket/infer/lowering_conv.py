@@ -29,6 +29,7 @@ from pocket.infer.lowering_common import (
     _im2col,
     _int8_consts,
     _pool_geom,
+    _register_epi,
     _tile_cols,
     _vnni_cols_bytes,
 )
@@ -373,7 +374,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
         pnode = eng.graph.nodes[pstep]
         pool, pool_geom = eng._view(pnode.outputs[0], n), _pool_geom(pnode.attrs)[:4]
         eng._skip.add(pstep)
-    if "cols_plan" in d and n == 1 and pool is None and act in (0, 1) and (d["b"].size or act == 0):
+    if "cols_plan" in d and n == 1 and pool is None and _register_epi(d["b"], act) is not None:
         d = d["cols_plan"]  # (see the fma_cols route: no epilogue pass for one image)
     if d["kind"] == "vnni" and "quad" in d:
         return [*calls, *_b_conv_quad(eng, step, d, a, x, y, pool, pool_geom, n)]
@@ -503,8 +504,8 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             calls.append(_im2col(col, xs, geom, np.float32(0), 0, p))
             # one image whose pixels fill whole tiles: the GEMM's (O, P) is its NCHW output,
             # so the GEMM writes it with the bias and ReLU (no epilogue pass)
-            epi = (1 + act) if d["b"].size else (0 if act == 0 else -1)  # kfma.gemm's epilogue
-            if m == 1 and cols == p and halves == 1 and pool is None and act in (0, 1) and epi >= 0:
+            epi = _register_epi(d["b"], act)
+            if m == 1 and cols == p and halves == 1 and pool is None and epi is not None:
                 calls.append(partial(kfma.gemm, ys[0], d["w2"], col, kfma.row_offsets(k, cols), 1, o, cols,
                                      0, 0, k, 0, cols, d["b"], epi))
                 continue
