@@ -253,6 +253,10 @@ class Engine:
                 c.set_num_threads(threads)
         self._blas = [(_blas_setter(c), c.num_threads) for c in blas]
 
+    def _parallel(self, work: int) -> bool:
+        """Whether a call of this much work (see _call_work) runs on the thread pool."""
+        return self._threads > 1 and work >= _PARALLEL_WORK
+
     def _serial(self, on: bool) -> None:
         """A step of a bound plan: BLAS on the calling thread alone, or on its full pool again."""
         for set_num_threads, k in self._blas:
@@ -379,7 +383,7 @@ class Engine:
                     # more on a loaded machine): a small call runs on the calling thread alone,
                     # a Numba kernel as its serial twin (see jit.py), a BLAS call with BLAS's
                     # pool shrunk to one thread around it.
-                    small = self._threads == 1 or _call_work(call, self._spinning) < _PARALLEL_WORK
+                    small = not self._parallel(_call_work(call, self._spinning))
                     twin = getattr(call.func, "serial", None)
                     if twin is not None:
                         call = partial(twin, *call.args, **call.keywords) if small else call
@@ -621,6 +625,10 @@ def _call_work(call: partial, spinning: bool = False) -> int:
     # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
     if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
+    if call.func is kfma.gemm_pixels:  # one GEMM of (o, K) @ (K, m)
+        return 4 * call.args[4] * call.args[5] * call.args[3].shape[0]
+    if call.func is kfma.gemm_rows:  # the same (the transposes counted in)
+        return 4 * call.args[5] * call.args[6] * call.args[4].shape[0]
     if call.func is kfma.gemm_pool2_pitch:  # the same, and the pooled epilogue
         return 4 * call.args[5] * call.args[6] * call.args[7] * call.args[4].shape[0]
     if call.func is kfw.fused_conv:  # its 16 GEMMs of (O, C) @ (C, tiles), as kfma.gemm's

@@ -292,11 +292,12 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc, b, epi):
     of inputs stays in L2 while each channel tile's BLOCK_K weights (8 KiB, in L1) pass over
     all of its tiles; without it, a 256 x 2304 weight matrix (2.4 MB) streamed from L3 once
     per 32 pixels and the GEMM ran at a third of its speed. The parallel loop is over
-    (item, pixel group) pairs, split along the channels too when there are fewer than 8.
+    (item, pixel group) pairs, split along the channels too when there are fewer than 8; one
+    item of a few tiles may split along its pixels instead (gemm_pixels).
     """
     n_g, n_o, per_o = _gemm_split(nb, o, m)
     for t in prange(nb * n_g * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, per_o)
+        _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, GROUP_P, n_o, per_o)
 
 
 @njit(cache=True)
@@ -304,15 +305,45 @@ def _gemm_split(nb, o, m):
     """gemm's parallel parts: (pixel groups, channel splits, channels a split)."""
     n_p = (m + TILE_P - 1) // TILE_P  # the last one a half tile when m % TILE_P != 0
     n_g = (n_p + GROUP_P - 1) // GROUP_P
-    tiles_o = (o + TILE_O - 1) // TILE_O
-    n_o = max(1, min(tiles_o, (8 + nb * n_g - 1) // (nb * n_g)))
-    per_o = (tiles_o + n_o - 1) // n_o * TILE_O
-    return n_g, (o + per_o - 1) // per_o, per_o
+    n_o, per_o = _channel_split(nb * n_g, o)
+    return n_g, n_o, per_o
 
 
 @njit(cache=True)
-def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, per_o):
-    """Part t of gemm (same arguments): item t // (n_g*n_o), its pixel group and channels."""
+def _channel_split(parts, o):
+    """(channel splits, channels a split) for `parts` (item, pixel group) pairs: at least 8
+    parts in all where the channel tiles allow."""
+    tiles_o = (o + TILE_O - 1) // TILE_O
+    n_o = max(1, min(tiles_o, (8 + parts - 1) // parts))
+    per_o = (tiles_o + n_o - 1) // n_o * TILE_O
+    return (o + per_o - 1) // per_o, per_o
+
+
+@kernel
+def gemm_pixels(c, w, x, offs, o, m, ldw, ldc, b, epi, parts):
+    """gemm of one item (the same arguments) split along its pixels into `parts` groups of
+    whole tiles, all the channels in each; transpose_in(parts) splits its columns the same way.
+
+    NOTE: for one item of a few tiles whose weights stay in each core's L2 (a linear at batch
+    64): each core then reads only its own columns of X, which its core just wrote
+    (transpose_in, or the GEMM before). Split along the channels, both cores read all of X,
+    half of it from the other core's cache: mlp fp32 at batch 64 on 2 threads spent 99 us in
+    a GEMM of 78 us of multiply-adds."""
+    n_p = (m + TILE_P - 1) // TILE_P
+    gp = (n_p + parts - 1) // parts
+    n_g = (n_p + gp - 1) // gp
+    for t in prange(n_g):
+        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, epi, n_g, gp, 1, o)
+
+
+@njit(cache=True)
+def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_o, per_o):
+    """Part t of gemm (same arguments): item t // (n_g*n_o), its pixel group (of gp tiles)
+    and channels.
+
+    NOTE: a group of at most 2 tiles (64 pixels) takes rows of inputs by the half block: its
+    BLOCK_K // 2 rows (32 KiB) then stay in L1 for all the channel tiles (mlp fp32 at batch
+    64 on one thread: 199 -> 194 us)."""
     k = offs.shape[0]
     wa, xa, ca, oa = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
                       np.int64(offs.ctypes.data))
@@ -321,12 +352,14 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, p
     item, rest = t // (n_g * n_o), t % (n_g * n_o)
     g, ob = rest // n_o, (rest % n_o) * per_o
     xb, cb = xa + item * xs * 4, ca + (item * cs) * 4
-    for k0 in range(0, k, BLOCK_K):
-        nk = min(BLOCK_K, k - k0)
+    p0, p1 = g * gp, min(n_p, (g + 1) * gp)
+    kb = BLOCK_K // 2 if p1 - p0 <= 2 else BLOCK_K
+    for k0 in range(0, k, kb):
+        nk = min(kb, k - k0)
         for o0 in range(ob, min(o, ob + per_o), TILE_O):
             wr, cr = wa + (item * ws + o0 * ldw + k0) * 4, cb + o0 * ldc * 4
             bias = ba + o0 * 4 if epi != 0 and k0 + nk == k else np.int64(0)
-            for pt in range(g * GROUP_P, min(n_p, (g + 1) * GROUP_P)):
+            for pt in range(p0, p1):
                 args = (wr, ldw * 4, xb + pt * (TILE_P * 4), oa + k0 * 8, nk,
                         cr + pt * (TILE_P * 4), ldc * 4, k0, min(TILE_O, o - o0), bias, relu)
                 if (pt + 1) * TILE_P <= m:
@@ -341,11 +374,11 @@ def gemm_pool2_pitch(out, c, w, x, offs, nb, o, m, xs, ldw, pitch, b, act):
     part, by bias_act_pool2_pitch of the planes it computed, into out (nb, O, Ho, Wo): the
     epilogue reads what its own core just wrote. Only where a part holds whole images
     (m <= GROUP_P * TILE_P pixels: one pixel group)."""
-    n_g, n_o, per_o = _gemm_split(nb, o, m)
+    n_o, per_o = _channel_split(nb, o)
     ho, wo = out.shape[2], out.shape[3]
     oa, ca = np.int64(out.ctypes.data), np.int64(c.ctypes.data)
     for t in prange(nb * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, n_o, per_o)
+        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, GROUP_P, n_o, per_o)
         item, ob = t // n_o, (t % n_o) * per_o
         for oc in range(ob, min(o, ob + per_o)):
             _pool2_plane(oa, ca, nb * m, item * o + oc, o, ho, wo, pitch, m, b, act)
@@ -413,33 +446,64 @@ _transpose16 = _make_transpose16()
 
 
 @kernel
-def transpose_in(xt, x, blocks):
+def transpose_in(xt, x, parts):
     """x (N, K) -> xt (K, Mc) = x.T, its columns N..Mc zeros (the GEMM's last tile).
 
-    NOTE: with `blocks`, 16 x 16 blocks in registers (_transpose16), the rows and columns past
-    the last whole block one by one: 64 x 784 on one thread went 13.7 -> 7.7 us, from the
-    plain loop (which writes runs and reads strided). The engine asks for blocks on one
-    thread only: on two, mlp fp32 at batch 64 ran 134 -> 143 us with them, split or not."""
+    16 x 16 blocks in registers (_transpose16), the rows and columns past the last whole
+    block one by one. Parallel over `parts` groups of whole tiles of columns, as
+    gemm_pixels splits its pixels, so that each core transposes the columns its GEMM reads.
+
+    NOTE: 64 x 784 on one thread went 13.7 -> 7.7 us with the blocks, from the plain loop
+    (which writes runs and reads strided). Split along K instead, both cores' blocks were
+    slower than one core's plain loop in mlp fp32 at batch 64 (134 -> 143 us): each GEMM
+    core then read half its columns from the other core's cache."""
+    mc = xt.shape[1]
+    n_p = (mc + TILE_P - 1) // TILE_P
+    per = (n_p + parts - 1) // parts * TILE_P
+    for g in prange((n_p * TILE_P + per - 1) // per):
+        _transpose_cols(xt, x, g * per, min(mc, (g + 1) * per))
+
+
+@njit(cache=True)
+def _transpose_cols(xt, x, c0, c1):
+    """transpose_in's columns c0..c1 of xt."""
     n, k = x.shape
     mc = xt.shape[1]
-    if not blocks:
-        for j in prange(k):
-            for i in range(n):
-                xt[j, i] = x[i, j]
-            for i in range(n, mc):
-                xt[j, i] = np.float32(0.0)
-        return
     xa, ta = np.int64(x.ctypes.data), np.int64(xt.ctypes.data)
-    for jb in prange((k + 15) // 16):
-        j0, j1 = jb * 16, min(k, jb * 16 + 16)
-        whole = (n // 16) * 16 if j1 - j0 == 16 else 0
-        for i0 in range(0, whole, 16):
+    k16 = k // 16 * 16
+    r1 = max(c0, min(n, c1))  # rows of x in the part: c0..r1, then zero columns to c1
+    w1 = c0 + (r1 - c0) // 16 * 16
+    for j0 in range(0, k16, 16):
+        for i0 in range(c0, w1, 16):
             _transpose16(xa + (i0 * k + j0) * 4, k * 4, ta + (j0 * mc + i0) * 4, mc * 4)
-        for j in range(j0, j1):
-            for i in range(whole, n):
+    for j in range(k):
+        if j >= k16:
+            for i in range(c0, w1):
                 xt[j, i] = x[i, j]
-            for i in range(n, mc):
-                xt[j, i] = np.float32(0.0)
+        for i in range(w1, r1):
+            xt[j, i] = x[i, j]
+        for i in range(r1, c1):
+            xt[j, i] = np.float32(0.0)
+
+
+@kernel
+def gemm_rows(c, w, x, xt, offs, o, m, ldc, b, epi):
+    """A linear's GEMM from its rows x (N, K): C (o, m) = W (o, K) @ x.T (gemm's arguments
+    and epilogue), split along the channels into P = xt.shape[0] parts, each of which first
+    transposes all of x into its own xt[p] (K, m), as transpose_in does.
+
+    NOTE: both cores of a channel-split GEMM read all of x.T: made by one transpose_in, half
+    of it crossed from the other core's cache and the GEMM's parts waited on it (mlp fp32 at
+    batch 64 on 2 threads: transpose 12 + GEMM 97 us). Each part transposing x for itself
+    (7 us of work on each core, the same on both) took 84-88 us in all."""
+    parts = xt.shape[0]
+    k = x.shape[1]
+    tiles_o = (o + TILE_O - 1) // TILE_O
+    per_o = (tiles_o + parts - 1) // parts * TILE_O
+    n_o = (o + per_o - 1) // per_o
+    for p in prange(n_o):
+        _transpose_cols(xt[p], x, 0, m)
+        _gemm_part(p, c, w, xt[p], offs, o, m, 0, 0, k, 0, ldc, b, epi, 1, GROUP_P, n_o, per_o)
 
 
 @kernel

@@ -14,6 +14,7 @@ from models import FakeContainer, naive_im2col
 from pocket.formats import quant as qm
 from pocket.formats import reference as ref
 from pocket.formats.ir import Graph, Node, ValueInfo
+from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer.engine import Engine
 
@@ -94,6 +95,31 @@ def test_linear_fp32(act, n, bias, fp32_route):
     node = Node("fc", "linear", ["x", *params], ["y"], {"activation": act, "alpha": 0.05})
     got, want = run_both(x, [node], params, max_batch=64)
     assert_close(got, want, scale=300)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [17, 64])
+def test_linear_fp32_routes_by_threads(threads, n, fp32_route):
+    """Two chained linears from 16 rows on (AVX-512): on 2 threads the first, from rows, runs
+    as gemm_rows (each core transposes x for itself) and the second, its weights small, as
+    gemm_pixels (split along the rows, when there are 2 tiles of them); on 1 thread
+    transpose_in + gemm. The same results."""
+    params = {"w1": RNG.standard_normal((300, 200)).astype(np.float32),
+              "b1": RNG.standard_normal(300).astype(np.float32),
+              "w2": RNG.standard_normal((37, 300)).astype(np.float32)}
+    nodes = [Node("fc1", "linear", ["x", "w1", "b1"], ["h"], {"activation": "relu"}),
+             Node("fc2", "linear", ["h", "w2"], ["y"], {"activation": "none"})]
+    x = RNG.standard_normal((n, 200)).astype(np.float32)
+    g = Graph({"x": ValueInfo("f32", ("N", 200))}, ["y"], nodes, {k: _info(v) for k, v in params.items()})
+    with Engine(FakeContainer(g, params), max_batch=64, threads=threads) as eng:
+        got = eng.run(x, copy=True)
+        funcs = [getattr(getattr(f, "func", f), "__name__", "") for f in eng._bound[n].calls]
+    assert_close(got, ref.run(g, params, x)[g.outputs[0]], scale=300 * np.sqrt(200))
+    if fp32_route == "fma":
+        rows, pixels = threads == 2, threads == 2 and n > kfma.TILE_P
+        assert any(f.startswith("gemm_rows") for f in funcs) == rows, funcs
+        assert any(f.startswith("transpose_in") for f in funcs) == (not rows), funcs
+        assert any(f.startswith("gemm_pixels") for f in funcs) == pixels, funcs
 
 
 @pytest.mark.parametrize("op,attrs", [("relu", {}), ("leaky_relu", {"alpha": 0.2}), ("sigmoid", {}),

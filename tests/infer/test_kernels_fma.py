@@ -43,7 +43,7 @@ def _naive(w, rows):
 @pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize("nb,o,k,m", [(1, 1, 1, 32), (1, 7, 5, 64), (1, 8, 9, 16), (3, 9, 13, 96),
                                       (2, 17, 300, 48), (16, 24, 64, 160), (1, 64, 1, 32),
-                                      (1, 5, 600, 80)])
+                                      (1, 5, 600, 80), (1, 33, 300, 96), (1, 9, 129, 560)])
 def test_gemm_explicit_rows(nb, o, k, m, serial):
     """nb GEMMs on explicit (K, M) columns, the weights nb blocks apart; every channel tail
     (o % 8), half tiles (m % 32 == 16) and K longer than a cache block; the parallel and
@@ -60,7 +60,7 @@ def test_gemm_explicit_rows(nb, o, k, m, serial):
 
 @needs_fma
 @pytest.mark.parametrize("epi", [1, 2])
-@pytest.mark.parametrize("o,k,m", [(7, 5, 48), (17, 600, 64), (8, 256, 16)])
+@pytest.mark.parametrize("o,k,m", [(7, 5, 48), (17, 600, 64), (8, 256, 16), (12, 200, 96)])
 def test_gemm_fused_epilogue(epi, o, k, m):
     """epi 1 adds the bias to the sums, epi 2 then takes a ReLU, on the tiles in registers:
     once, after the last block of K, whatever the channel tail and tile width."""
@@ -73,6 +73,50 @@ def test_gemm_fused_epilogue(epi, o, k, m):
     if epi == 2:
         want = np.maximum(want, 0)
     np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+@needs_fma
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+@pytest.mark.parametrize("epi", [0, 2])
+@pytest.mark.parametrize("o,k,m", [(7, 5, 64), (33, 300, 96), (9, 129, 80), (8, 1, 16), (1, 260, 160)])
+def test_gemm_pixels(o, k, m, epi, parts, serial):
+    """One GEMM split along its pixels into groups of whole tiles (more parts than tiles
+    too), every group all the channels; with the epilogue, once after the last block of K
+    (a group of 1-2 tiles takes K by half blocks), and C's rows wider than m left alone."""
+    x = RNG.standard_normal((k, m)).astype(np.float32)
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32) if epi else NO_BIAS
+    ldc = m + 8
+    c = np.full((o, ldc), 7.0, np.float32)
+    fn = kfma.gemm_pixels.serial if serial else kfma.gemm_pixels
+    fn(c, w, x, kfma.row_offsets(k, m), o, m, k, ldc, b, epi, parts)
+    want = _naive(w, x) + (b[:, None] if epi else 0)
+    np.testing.assert_allclose(c[:, :m], np.maximum(want, 0) if epi else want, rtol=1e-5,
+                               atol=1e-5 * np.sqrt(k))
+    assert np.all(c[:, m:] == 7.0)
+
+
+@needs_fma
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("parts", [1, 2, 3])
+@pytest.mark.parametrize("epi", [0, 1])
+@pytest.mark.parametrize("n,o,k", [(64, 256, 300), (17, 9, 33), (50, 17, 16), (40, 3, 129)])
+def test_gemm_rows(n, o, k, epi, parts, serial):
+    """A linear's GEMM from its rows: each of `parts` channel splits transposes all of x into
+    its own copy (NaN-filled here: every column the GEMM reads must be written), then
+    computes its channels; C = W @ x.T, with the epilogue, C's rows wider than m untouched."""
+    x = RNG.standard_normal((n, k)).astype(np.float32)
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32) if epi else NO_BIAS
+    m = kfma.tile_cols(n)
+    xts = np.full((parts, k, m), np.nan, np.float32)
+    c = np.full((o, m + 8), 7.0, np.float32)
+    fn = kfma.gemm_rows.serial if serial else kfma.gemm_rows
+    fn(c, w, x, xts, kfma.row_offsets(k, m), o, m, m + 8, b, epi)
+    want = _naive(w, x.T) + (b[:, None] if epi else 0)
+    np.testing.assert_allclose(c[:, :n], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    assert not np.isnan(c[:, :m]).any() and np.all(c[:, m:] == 7.0)
 
 
 @needs_fma
@@ -206,14 +250,16 @@ def test_gemm_pool2_pitch_equals_steps(n, c, o, h, w, act, serial):
 
 
 @needs_fma
-@pytest.mark.parametrize("blocks", [True, False])
-@pytest.mark.parametrize("n,k", [(64, 784), (17, 33), (16, 16), (5, 40), (31, 17)])
-def test_transpose_in(blocks, n, k):
-    """A linear's rows become GEMM columns: xt = x.T, zeros past the rows, with and without
-    the 16 x 16 register blocks (whole blocks, then the ragged rows and columns)."""
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("parts", [1, 2, 3])
+@pytest.mark.parametrize("n,k", [(64, 784), (17, 33), (16, 16), (5, 40), (31, 17), (50, 20),
+                                 (96, 48), (70, 31)])
+def test_transpose_in(n, k, parts, serial):
+    """A linear's rows become GEMM columns: xt = x.T, zeros past the rows: whole 16 x 16
+    register blocks, then the ragged rows and columns, in one or more groups of columns."""
     x = RNG.standard_normal((n, k)).astype(np.float32)
     xt = np.full((k, kfma.tile_cols(n)), np.nan, np.float32)
-    kfma.transpose_in(xt, x, blocks)
+    (kfma.transpose_in.serial if serial else kfma.transpose_in)(xt, x, parts)
     assert np.array_equal(xt[:, :n], x.T) and not xt[:, n:].any()
 
 
