@@ -47,6 +47,9 @@ from pocket.infer.kernels_vnni import (
 )
 
 TILE_O, TILE_P = 8, 32  # a tile's channels and pixels; 16 accumulators leave room for loads
+# Pairs of tiles run as one of WIDE_O channels x 64 pixels (24 accumulators): 10 loads per 24
+# multiply-adds, not 10 per 16 (256 x 784 @ 784 x 64 on one thread: 158 -> 164-169 GFLOPS)
+WIDE_O = 6
 HALF_P = 16  # pixels of a half tile: a GEMM's last one, when its width is 16 past a multiple of 32
 BLOCK_K, GROUP_P = 256, 16  # cache blocking (see gemm): 512 pixels x 256 rows = 512 KiB
 
@@ -56,9 +59,9 @@ _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VF, _VI = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
 
 
-def _make_tile(nv: int):
+def _make_tile(nv: int, nr: int = TILE_O):
     """c[r, 0:16nv] (+)= sum over k < nk of w[r, k] * x[offs[k] : offs[k] + 16nv] for r < rows
-    (1..TILE_O).
+    (1..nr).
 
     Addresses in bytes: w (rows of ldw, float32), x (the tile's first pixel), offs (int64 byte
     offsets from x, one per k), c (rows of ldc). With acc != 0 the sums start from c. With
@@ -75,10 +78,10 @@ def _make_tile(nv: int):
                                                  "llvm.fma.v16f32")
             start = builder.icmp_signed("!=", acc, _const(0))
             c_at = [[builder.add(_row_at(builder, c, r, rows, ldc), _const(64 * v)) for v in range(nv)]
-                    for r in range(TILE_O)]
+                    for r in range(nr)]
             init = [builder.select(start, builder.load(_ptr(builder, a, _VF), align=4),
                                    ir.Constant(_VF, None)) for row in c_at for a in row]
-            w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
+            w_at = [_row_at(builder, w, r, rows, ldw) for r in range(nr)]
 
             def step(i, accs):
                 off = builder.load(_ptr(builder, builder.add(offs, builder.mul(i, _const(8))), _I64),
@@ -88,7 +91,7 @@ def _make_tile(nv: int):
                       for v in range(nv)]
                 k4 = builder.mul(i, _const(4))
                 out = []
-                for r in range(TILE_O):
+                for r in range(nr):
                     s = builder.load(_ptr(builder, builder.add(w_at[r], k4), _F32), align=4)
                     wb = _splat(builder, s, _VF)
                     out += [builder.call(fma, [wb, xs[v], accs[r * nv + v]]) for v in range(nv)]
@@ -97,7 +100,7 @@ def _make_tile(nv: int):
             final = _loop(builder, nk, init, step)
 
             def store(epilogue):
-                for r in range(TILE_O):
+                for r in range(nr):
                     with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
                         if epilogue:
                             bo = builder.load(_ptr(builder, builder.add(bias, _const(4 * r)), _F32), align=4)
@@ -120,6 +123,7 @@ def _make_tile(nv: int):
 
 
 _tile, _half = _make_tile(2), _make_tile(1)  # 32 pixels; 16 (a GEMM's last, half tile)
+_wide = _make_tile(4, WIDE_O)  # 64 pixels (two tiles)
 
 
 def _shuffle(builder, a, b, idx):
@@ -305,17 +309,27 @@ def _gemm_split(nb, o, m):
     """gemm's parallel parts: (pixel groups, channel splits, channels a split)."""
     n_p = (m + TILE_P - 1) // TILE_P  # the last one a half tile when m % TILE_P != 0
     n_g = (n_p + GROUP_P - 1) // GROUP_P
-    n_o, per_o = _channel_split(nb * n_g, o)
+    n_o, per_o = _channel_split(nb * n_g, o, _tile_rows(m, GROUP_P, o))
     return n_g, n_o, per_o
 
 
 @njit(cache=True)
-def _channel_split(parts, o):
-    """(channel splits, channels a split) for `parts` (item, pixel group) pairs: at least 8
-    parts in all where the channel tiles allow."""
-    tiles_o = (o + TILE_O - 1) // TILE_O
+def _tile_rows(m, gp, o):
+    """The channels of a GEMM's tiles: WIDE_O where its pixel groups (gp tiles) pair tiles
+    and tiles of WIDE_O waste at most 1/64 of the o channels.
+
+    NOTE: cnn_mnist's second conv (64 channels: 66 computed in tiles of 6) ran 51 -> 54 us
+    in wide tiles."""
+    return WIDE_O if gp >= 2 and m >= 2 * TILE_P and (-o) % WIDE_O * 64 <= o else TILE_O
+
+
+@njit(cache=True)
+def _channel_split(parts, o, tr):
+    """(channel splits, channels a split) for `parts` (item, pixel group) pairs and tiles of
+    tr channels: at least 8 parts in all where the channel tiles allow."""
+    tiles_o = (o + tr - 1) // tr
     n_o = max(1, min(tiles_o, (8 + parts - 1) // parts))
-    per_o = (tiles_o + n_o - 1) // n_o * TILE_O
+    per_o = (tiles_o + n_o - 1) // n_o * tr
     return (o + per_o - 1) // per_o, per_o
 
 
@@ -339,11 +353,7 @@ def gemm_pixels(c, w, x, offs, o, m, ldw, ldc, b, epi, parts):
 @njit(cache=True)
 def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_o, per_o):
     """Part t of gemm (same arguments): item t // (n_g*n_o), its pixel group (of gp tiles)
-    and channels.
-
-    NOTE: a group of at most 2 tiles (64 pixels) takes rows of inputs by the half block: its
-    BLOCK_K // 2 rows (32 KiB) then stay in L1 for all the channel tiles (mlp fp32 at batch
-    64 on one thread: 199 -> 194 us)."""
+    and channels."""
     k = offs.shape[0]
     wa, xa, ca, oa = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
                       np.int64(offs.ctypes.data))
@@ -353,19 +363,45 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_
     g, ob = rest // n_o, (rest % n_o) * per_o
     xb, cb = xa + item * xs * 4, ca + (item * cs) * 4
     p0, p1 = g * gp, min(n_p, (g + 1) * gp)
-    kb = BLOCK_K // 2 if p1 - p0 <= 2 else BLOCK_K
+    kb = _block_k(p1 - p0)
     for k0 in range(0, k, kb):
         nk = min(kb, k - k0)
-        for o0 in range(ob, min(o, ob + per_o), TILE_O):
-            wr, cr = wa + (item * ws + o0 * ldw + k0) * 4, cb + o0 * ldc * 4
-            bias = ba + o0 * 4 if epi != 0 and k0 + nk == k else np.int64(0)
-            for pt in range(p0, p1):
-                args = (wr, ldw * 4, xb + pt * (TILE_P * 4), oa + k0 * 8, nk,
-                        cr + pt * (TILE_P * 4), ldc * 4, k0, min(TILE_O, o - o0), bias, relu)
-                if (pt + 1) * TILE_P <= m:
-                    _tile(*args)
-                else:
-                    _half(*args)
+        _gemm_block(wa + (item * ws + k0) * 4, ldw, xb, oa + k0 * 8, nk, cb, ldc, k0, k0 + nk == k,
+                    ob, min(o, ob + per_o), _tile_rows(m, gp, o), p0, p1, m, ba, epi, relu)
+
+
+@njit(cache=True)
+def _block_k(tiles):
+    """The rows of inputs a GEMM takes at a time for a group of `tiles` pixel tiles.
+
+    NOTE: a group of at most 2 tiles (64 pixels) takes them by the half block: its
+    BLOCK_K // 2 rows (32 KiB) then stay in L1 for all the channel tiles (mlp fp32 at batch
+    64 on one thread: 199 -> 194 us)."""
+    return BLOCK_K // 2 if tiles <= 2 else BLOCK_K
+
+
+@njit(cache=True)
+def _gemm_block(wk, ldw, xb, ok, nk, cb, ldc, k0, last, o_lo, o_hi, tr, p0, p1, m, ba, epi, relu):
+    """One block of nk rows of K (from k0; `last`: the block that ends K) for channels
+    o_lo..o_hi (tiles of tr) and pixel tiles p0..p1: wk is the address of W's row 0 at k0,
+    ok that of offs[k0], xb and cb those of X's and C's pixel 0 (see gemm)."""
+    for o0 in range(o_lo, o_hi, tr):
+        wr, cr = wk + o0 * ldw * 4, cb + o0 * ldc * 4
+        bias = ba + o0 * 4 if epi != 0 and last else np.int64(0)
+        rows = min(tr, o_hi - o0)
+        pt = p0
+        while pt < p1:
+            args = (wr, ldw * 4, xb + pt * (TILE_P * 4), ok, nk, cr + pt * (TILE_P * 4), ldc * 4, k0,
+                    rows, bias, relu)
+            if tr == WIDE_O and pt + 1 < p1 and (pt + 2) * TILE_P <= m:
+                _wide(*args)
+                pt += 2
+                continue
+            if (pt + 1) * TILE_P <= m:
+                _tile(*args)
+            else:
+                _half(*args)
+            pt += 1
 
 
 @kernel
@@ -374,7 +410,7 @@ def gemm_pool2_pitch(out, c, w, x, offs, nb, o, m, xs, ldw, pitch, b, act):
     part, by bias_act_pool2_pitch of the planes it computed, into out (nb, O, Ho, Wo): the
     epilogue reads what its own core just wrote. Only where a part holds whole images
     (m <= GROUP_P * TILE_P pixels: one pixel group)."""
-    n_o, per_o = _channel_split(nb, o)
+    n_o, per_o = _channel_split(nb, o, _tile_rows(m, GROUP_P, o))
     ho, wo = out.shape[2], out.shape[3]
     oa, ca = np.int64(out.ctypes.data), np.int64(c.ctypes.data)
     for t in prange(nb * n_o):
@@ -461,49 +497,67 @@ def transpose_in(xt, x, parts):
     n_p = (mc + TILE_P - 1) // TILE_P
     per = (n_p + parts - 1) // parts * TILE_P
     for g in prange((n_p * TILE_P + per - 1) // per):
-        _transpose_cols(xt, x, g * per, min(mc, (g + 1) * per))
+        _transpose_part(xt, x, g * per, min(mc, (g + 1) * per), 0, x.shape[1])
 
 
 @njit(cache=True)
-def _transpose_cols(xt, x, c0, c1):
-    """transpose_in's columns c0..c1 of xt."""
+def _transpose_part(xt, x, c0, c1, j0, j1):
+    """xt[j - j0, i] = x[i, j] for j0 <= j < j1 and c0 <= i < c1, zeros where i >= N."""
     n, k = x.shape
     mc = xt.shape[1]
     xa, ta = np.int64(x.ctypes.data), np.int64(xt.ctypes.data)
-    k16 = k // 16 * 16
+    j16 = j0 + (j1 - j0) // 16 * 16
     r1 = max(c0, min(n, c1))  # rows of x in the part: c0..r1, then zero columns to c1
     w1 = c0 + (r1 - c0) // 16 * 16
-    for j0 in range(0, k16, 16):
+    for jb in range(j0, j16, 16):
         for i0 in range(c0, w1, 16):
-            _transpose16(xa + (i0 * k + j0) * 4, k * 4, ta + (j0 * mc + i0) * 4, mc * 4)
-    for j in range(k):
-        if j >= k16:
+            _transpose16(xa + (i0 * k + jb) * 4, k * 4, ta + ((jb - j0) * mc + i0) * 4, mc * 4)
+    for j in range(j0, j1):
+        if j >= j16:
             for i in range(c0, w1):
-                xt[j, i] = x[i, j]
+                xt[j - j0, i] = x[i, j]
         for i in range(w1, r1):
-            xt[j, i] = x[i, j]
+            xt[j - j0, i] = x[i, j]
         for i in range(r1, c1):
-            xt[j, i] = np.float32(0.0)
+            xt[j - j0, i] = np.float32(0.0)
 
 
 @kernel
 def gemm_rows(c, w, x, xt, offs, o, m, ldc, b, epi):
     """A linear's GEMM from its rows x (N, K): C (o, m) = W (o, K) @ x.T (gemm's arguments
-    and epilogue), split along the channels into P = xt.shape[0] parts, each of which first
-    transposes all of x into its own xt[p] (K, m), as transpose_in does.
+    and epilogue), split along the channels into up to P = xt.shape[0] parts. Each part takes
+    K a block at a time (rows_block(m) rows): it first transposes that block of x into its
+    own xt[p] (transpose_in's layout), then runs its channels over it.
 
     NOTE: both cores of a channel-split GEMM read all of x.T: made by one transpose_in, half
     of it crossed from the other core's cache and the GEMM's parts waited on it (mlp fp32 at
     batch 64 on 2 threads: transpose 12 + GEMM 97 us). Each part transposing x for itself
-    (7 us of work on each core, the same on both) took 84-88 us in all."""
+    (7 us of work on each core, the same on both) took 84-88 us in all. By the block, the
+    transposed rows are written to and read from L1, not L2."""
     parts = xt.shape[0]
     k = x.shape[1]
-    tiles_o = (o + TILE_O - 1) // TILE_O
-    per_o = (tiles_o + parts - 1) // parts * TILE_O
+    n_p = (m + TILE_P - 1) // TILE_P
+    tr = _tile_rows(m, n_p, o)
+    tiles_o = (o + tr - 1) // tr
+    per_o = (tiles_o + parts - 1) // parts * tr
     n_o = (o + per_o - 1) // per_o
+    kb = _block_k(n_p)
+    wa, ca, oa = np.int64(w.ctypes.data), np.int64(c.ctypes.data), np.int64(offs.ctypes.data)
+    ba, relu = np.int64(b.ctypes.data), np.int64(epi == 2)
     for p in prange(n_o):
-        _transpose_cols(xt[p], x, 0, m)
-        _gemm_part(p, c, w, xt[p], offs, o, m, 0, 0, k, 0, ldc, b, epi, 1, GROUP_P, n_o, per_o)
+        buf = xt[p]
+        for k0 in range(0, k, kb):
+            nk = min(kb, k - k0)
+            _transpose_part(buf, x, 0, m, k0, k0 + nk)
+            # offs[k0] is k0 rows past the block's start: X's row 0 is that far before buf
+            xb = np.int64(buf.ctypes.data) - k0 * m * 4
+            _gemm_block(wa + k0 * 4, k, xb, oa + k0 * 8, nk, ca, ldc, k0, k0 + nk == k,
+                        p * per_o, min(o, (p + 1) * per_o), tr, 0, n_p, m, ba, epi, relu)
+
+
+def rows_block(m: int) -> int:
+    """The rows of K that gemm_rows transposes at a time for m columns (its xt[p]: (., m))."""
+    return BLOCK_K // 2 if -(-m // TILE_P) <= 2 else BLOCK_K
 
 
 @kernel

@@ -52,9 +52,12 @@ CHAIN_ROWS = max(FMA_LINEAR_ROWS, VNNI_TILE_ROWS)
 # core then reads all the weights for its 32-64 columns: mlp fp32 at batch 64 on 2 threads,
 # 128 x 256 weights: 22 -> 18-19 us; 256 x 784: 85 -> 115 us.
 PIXEL_SPLIT_WEIGHTS = 1 << 16
-# A linear from rows (not chained) on 2..ROWS_COPIES threads transposes its input once per
-# thread, each for its own channels (kernels_fma.gemm_rows): its scratch holds that many.
+# A linear from rows (not chained) on 2 to ROWS_COPIES threads transposes its input a block
+# of K at a time in each thread, for its own channels (kernels_fma.gemm_rows): its scratch
+# holds that many blocks. (On one thread, transpose_in + gemm ran as fast: 189 vs 191 us.)
 ROWS_COPIES = 4
+
+
 def no_prep(eng: Engine, node: Node) -> dict:
     return {}
 
@@ -82,7 +85,8 @@ def _prep_linear(eng: Engine, node: Node) -> dict:
         o, k = w.shape
         cols = kfma.tile_cols(eng.max_batch)
         d["copies"] = min(ROWS_COPIES, numba.config.NUMBA_NUM_THREADS)
-        d["scratch_bytes"] = d["copies"] * _aligned(k * cols * 4) + _aligned(o * (cols + _LINEAR_SKEW) * 4)
+        d["rows_at"] = _aligned(max(k, d["copies"] * min(k, kfma.rows_block(cols))) * cols * 4)
+        d["scratch_bytes"] = d["rows_at"] + _aligned(o * (cols + _LINEAR_SKEW) * 4)
     return d
 
 
@@ -159,7 +163,7 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
         if _chained_input(eng, step, n):  # the previous linear left x.T here
             xt = eng._packed(node.inputs[0], np.float32, (k, cols))
         elif 2 <= eng._threads <= d["copies"] and eng._parallel(4 * o * cols * k):
-            own = eng._scratch(step, np.float32, (eng._threads, k, cols))
+            own = eng._scratch(step, np.float32, (eng._threads, min(k, kfma.rows_block(cols)), cols))
         else:
             xt = eng._scratch(step, np.float32, (k, cols))
             calls.append(partial(kfma.transpose_in, xt, x.reshape(n, k), parts))
@@ -181,8 +185,7 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
             return [*calls, gemm(yt, cols, _EMPTY_F32, 0),
                     partial(kf.bias_act_cols, yt, n, d["b"], act, a["alpha"])]
         ldc = cols + _LINEAR_SKEW
-        c = eng._scratch(step, np.float32, (o, ldc),
-                         d["copies"] * _aligned(k * kfma.tile_cols(eng.max_batch) * 4))
+        c = eng._scratch(step, np.float32, (o, ldc), d["rows_at"])
         return [*calls, gemm(c, ldc, _EMPTY_F32, 0),
                 partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), a["alpha"])]
     if kfma.AVAILABLE:

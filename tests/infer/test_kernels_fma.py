@@ -43,11 +43,13 @@ def _naive(w, rows):
 @pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize("nb,o,k,m", [(1, 1, 1, 32), (1, 7, 5, 64), (1, 8, 9, 16), (3, 9, 13, 96),
                                       (2, 17, 300, 48), (16, 24, 64, 160), (1, 64, 1, 32),
-                                      (1, 5, 600, 80), (1, 33, 300, 96), (1, 9, 129, 560)])
+                                      (1, 5, 600, 80), (1, 33, 300, 96), (1, 9, 129, 560),
+                                      (1, 12, 40, 96), (2, 18, 300, 160), (1, 130, 33, 112)])
 def test_gemm_explicit_rows(nb, o, k, m, serial):
     """nb GEMMs on explicit (K, M) columns, the weights nb blocks apart; every channel tail
-    (o % 8), half tiles (m % 32 == 16) and K longer than a cache block; the parallel and
-    serial twins alike."""
+    (o % 8), half tiles (m % 32 == 16) and K longer than a cache block; wide tiles (pairs of
+    tiles, 6 channels: o = 12, 18, 130) beside single and half ones; the parallel and serial
+    twins alike."""
     x = RNG.standard_normal((nb, k, m)).astype(np.float32)
     w = RNG.standard_normal((nb, o, k)).astype(np.float32)
     c = np.full((nb, o, m), np.nan, np.float32)
@@ -79,7 +81,8 @@ def test_gemm_fused_epilogue(epi, o, k, m):
 @pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize("parts", [1, 2, 3, 5])
 @pytest.mark.parametrize("epi", [0, 2])
-@pytest.mark.parametrize("o,k,m", [(7, 5, 64), (33, 300, 96), (9, 129, 80), (8, 1, 16), (1, 260, 160)])
+@pytest.mark.parametrize("o,k,m", [(7, 5, 64), (33, 300, 96), (9, 129, 80), (8, 1, 16), (1, 260, 160),
+                                   (12, 50, 160)])
 def test_gemm_pixels(o, k, m, epi, parts, serial):
     """One GEMM split along its pixels into groups of whole tiles (more parts than tiles
     too), every group all the channels; with the epilogue, once after the last block of K
@@ -101,16 +104,18 @@ def test_gemm_pixels(o, k, m, epi, parts, serial):
 @pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize("parts", [1, 2, 3])
 @pytest.mark.parametrize("epi", [0, 1])
-@pytest.mark.parametrize("n,o,k", [(64, 256, 300), (17, 9, 33), (50, 17, 16), (40, 3, 129)])
+@pytest.mark.parametrize("n,o,k", [(64, 256, 300), (17, 9, 33), (50, 17, 16), (40, 3, 129),
+                                   (100, 13, 600), (200, 20, 70)])
 def test_gemm_rows(n, o, k, epi, parts, serial):
-    """A linear's GEMM from its rows: each of `parts` channel splits transposes all of x into
-    its own copy (NaN-filled here: every column the GEMM reads must be written), then
-    computes its channels; C = W @ x.T, with the epilogue, C's rows wider than m untouched."""
+    """A linear's GEMM from its rows: each of `parts` channel splits transposes x a block of
+    K at a time into its own buffer (NaN-filled here: every column the GEMM reads must be
+    written), then computes its channels over it; C = W @ x.T, with the epilogue once K
+    ends, C's rows wider than m untouched."""
     x = RNG.standard_normal((n, k)).astype(np.float32)
     w = RNG.standard_normal((o, k)).astype(np.float32)
     b = RNG.standard_normal(o).astype(np.float32) if epi else NO_BIAS
     m = kfma.tile_cols(n)
-    xts = np.full((parts, k, m), np.nan, np.float32)
+    xts = np.full((parts, min(k, kfma.rows_block(m)), m), np.nan, np.float32)
     c = np.full((o, m + 8), 7.0, np.float32)
     fn = kfma.gemm_rows.serial if serial else kfma.gemm_rows
     fn(c, w, x, xts, kfma.row_offsets(k, m), o, m, m + 8, b, epi)
