@@ -52,6 +52,9 @@ TILE_O, TILE_P = 8, 32  # a tile's channels and pixels; 16 accumulators leave ro
 WIDE_O = 6
 HALF_P = 16  # pixels of a half tile: a GEMM's last one, when its width is 16 past a multiple of 32
 BLOCK_K, GROUP_P = 256, 16  # cache blocking (see gemm): 512 pixels x 256 rows = 512 KiB
+# gemm_pool2_pitch's images (one group each) up to this many pixels: 256 rows of them fill
+# 1 MiB of L2 (cnn_mnist's first conv, 816 pixels at batch 1: gemm + pool 8.5 -> ~7 us)
+POOL_GROUP_MAX = 2 * GROUP_P * TILE_P
 
 AVAILABLE = host_has("POCKET_FP32_FMA", ("avx512f", "fma"))
 
@@ -363,7 +366,7 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_
     g, ob = rest // n_o, (rest % n_o) * per_o
     xb, cb = xa + item * xs * 4, ca + (item * cs) * 4
     p0, p1 = g * gp, min(n_p, (g + 1) * gp)
-    kb = _block_k(p1 - p0)
+    kb = _block_k(p1 - p0, m, k)
     for k0 in range(0, k, kb):
         nk = min(kb, k - k0)
         _gemm_block(wa + (item * ws + k0) * 4, ldw, xb, oa + k0 * 8, nk, cb, ldc, k0, k0 + nk == k,
@@ -371,12 +374,15 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_
 
 
 @njit(cache=True)
-def _block_k(tiles):
+def _block_k(tiles, m, k):
     """The rows of inputs a GEMM takes at a time for a group of `tiles` pixel tiles.
 
     NOTE: a group of at most 2 tiles (64 pixels) takes them by the half block: its
     BLOCK_K // 2 rows (32 KiB) then stay in L1 for all the channel tiles (mlp fp32 at batch
-    64 on one thread: 199 -> 194 us)."""
+    64 on one thread: 199 -> 194 us). One half tile (16 pixels) takes all of K at once: its
+    inputs stay in L2 anyway, and each weight row is then one long stream from memory."""
+    if m <= HALF_P:
+        return max(k, 1)
     return BLOCK_K // 2 if tiles <= 2 else BLOCK_K
 
 
@@ -408,13 +414,14 @@ def _gemm_block(wk, ldw, xb, ok, nk, cb, ldc, k0, last, o_lo, o_hi, tr, p0, p1, 
 def gemm_pool2_pitch(out, c, w, x, offs, nb, o, m, xs, ldw, pitch, b, act):
     """gemm (nb images at a pitch: C_b at c[:, b*m:(b+1)*m], ldc = nb*m) followed, in each
     part, by bias_act_pool2_pitch of the planes it computed, into out (nb, O, Ho, Wo): the
-    epilogue reads what its own core just wrote. Only where a part holds whole images
-    (m <= GROUP_P * TILE_P pixels: one pixel group)."""
-    n_o, per_o = _channel_split(nb, o, _tile_rows(m, GROUP_P, o))
+    epilogue reads what its own core just wrote. Each part holds whole images: one pixel
+    group of all of an image's tiles (POOL_GROUP_MAX pixels at most)."""
+    gp = max(GROUP_P, (m + TILE_P - 1) // TILE_P)
+    n_o, per_o = _channel_split(nb, o, _tile_rows(m, gp, o))
     ho, wo = out.shape[2], out.shape[3]
     oa, ca = np.int64(out.ctypes.data), np.int64(c.ctypes.data)
     for t in prange(nb * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, GROUP_P, n_o, per_o)
+        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, gp, n_o, per_o)
         item, ob = t // n_o, (t % n_o) * per_o
         for oc in range(ob, min(o, ob + per_o)):
             _pool2_plane(oa, ca, nb * m, item * o + oc, o, ho, wo, pitch, m, b, act)
@@ -541,7 +548,7 @@ def gemm_rows(c, w, x, xt, offs, o, m, ldc, b, epi):
     tiles_o = (o + tr - 1) // tr
     per_o = (tiles_o + parts - 1) // parts * tr
     n_o = (o + per_o - 1) // per_o
-    kb = _block_k(n_p)
+    kb = _block_k(n_p, m, k)
     wa, ca, oa = np.int64(w.ctypes.data), np.int64(c.ctypes.data), np.int64(offs.ctypes.data)
     ba, relu = np.int64(b.ctypes.data), np.int64(epi == 2)
     for p in prange(n_o):
@@ -630,3 +637,4 @@ def im2col_same(col, x, masks, kh, kw, ph, pw, dh, dw, pad, rb, cb):
                 dst = ca + ((b * rb + (ch * kh + i) * kw + j) * ld + b * cb) * 4
                 for v in range(nv):
                     _row16(src + v * 64, dst + v * 64, masks[i * kw + j, v], min(16, hw - 16 * v), pad)
+

@@ -475,7 +475,7 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             kh, kw, sh, sw, ph, pw, dh, dw = geom
             calls.append(partial(kf.pad_images, xpad, xs, ph, pw, d["hp"], d["wp"], np.float32(0)))
             if (pool is not None and tuple(pool_geom) == (2, 2, 2, 2) and act in (0, 1)
-                    and mpi <= kfma.GROUP_P * kfma.TILE_P):  # each part pools its own planes
+                    and mpi <= kfma.POOL_GROUP_MAX):  # each part pools its own planes
                 calls.append(partial(kfma.gemm_pool2_pitch, pool[start:start + m], yw, d["w2"], xpad,
                                      d["offs"], m, o, mpi, padded, k, d["pitch"], d["b"], act))
                 continue
