@@ -352,41 +352,79 @@ def bias_act_pool(out, y, rb, cb, wd, kh, kw, sh, sw, b, act, alpha):
     NOTE: exact for a non-decreasing activation: float32 rounding of v + b and the activation
     preserve order, so the max can be taken before them; one activation per output.
     """
-    n, o, ho, wo = out.shape
+    n, o = out.shape[:2]
     has_bias = b.shape[0] > 0
+    for r in prange(n * o):
+        bi, oc = r // o, r % o
+        _pool_plane(out[bi, oc], y[bi * rb + oc, bi * cb:], wd, kh, kw, sh, sw,
+                    b[oc] if has_bias else np.float32(0.0), act, alpha)
+
+
+@njit(cache=True)
+def _pool_plane(d, row, wd, kh, kw, sh, sw, bo, act, alpha):
+    """d (Ho, Wo) = maxpool(act(row + bo)) of one plane, its pixel (i, j) at row[i*wd + j]."""
+    ho, wo = d.shape
     if kh == 2 and kw == 2 and sh == 2 and sw == 2:
         # NOTE: the common 2x2/2 pool with its window unrolled: on 4x4 outputs the rows below
         # (short loops over the window and the row) cost 2.8 ns an input, this 0.35
         w1, one = np.uint64(wd), np.uint64(1)
-        for r in prange(n * o):
-            bi, oc = r // o, r % o
-            row, d = y[bi * rb + oc], out[bi, oc]
-            bo = b[oc] if has_bias else np.float32(0.0)
-            for oh in range(ho):
-                for ow in range(wo):
-                    a = np.uint64(bi * cb + 2 * oh * wd + 2 * ow)
-                    v = max(max(row[a], row[a + one]), max(row[a + w1], row[a + w1 + one])) + bo
-                    if act == 1:
-                        d[oh, ow] = v if v > 0 else np.float32(0.0)
-                    else:
-                        d[oh, ow] = activate(np.float64(v), act, alpha)
+        for oh in range(ho):
+            for ow in range(wo):
+                a = np.uint64(2 * oh * wd + 2 * ow)
+                v = max(max(row[a], row[a + one]), max(row[a + w1], row[a + w1 + one])) + bo
+                if act == 1:
+                    d[oh, ow] = v if v > 0 else np.float32(0.0)
+                else:
+                    d[oh, ow] = activate(np.float64(v), act, alpha)
         return
+    for oh in range(ho):
+        r = d[oh]
+        base = oh * sh * wd
+        # NOTE: unsigned indices let LLVM vectorize the strided max (see im2col)
+        for ow in range(wo):
+            r[ow] = row[np.uint64(base + ow * sw)]
+        for i in range(kh):
+            for j in range(kw):
+                s0 = base + i * wd + j
+                for ow in range(wo):
+                    r[ow] = max(r[ow], row[np.uint64(s0 + ow * sw)])
+        bias_act_run(r, r, wo, bo, act, alpha)
+
+
+# A GEMM run over the two halves of K (two cores, each on the rows of inputs its core
+# wrote; see lowering_conv.FMA_KSPLIT_COLS) leaves y (2*O, ...): image i's plane of channel o
+# at y[o, i*cb:] and y[O + o, i*cb:]. These sum the halves into the first (float32, as an add
+# would), then run bias_act / bias_act_pool's epilogue, one plane per step, on every core.
+# NOTE: as two serial calls (the add, then the epilogue) one core read all of the other
+# core's half: cnn_cifar fp32 at batch 1 spent 14 and 25 us on them per 8x8 layer.
+
+
+@kernel
+def bias_act_sum(out, y, cb, b, act, alpha):
+    """out (N, O, P) = activation(y's two halves summed + b) (b may be empty)."""
+    n, o, p = out.shape
+    has_bias = b.shape[0] > 0
     for r in prange(n * o):
         bi, oc = r // o, r % o
-        row = y[bi * rb + oc, bi * cb:]
-        bo = b[oc] if has_bias else np.float32(0.0)
-        for oh in range(ho):
-            d = out[bi, oc, oh]
-            base = oh * sh * wd
-            # NOTE: unsigned indices let LLVM vectorize the strided max (see im2col)
-            for ow in range(wo):
-                d[ow] = row[np.uint64(base + ow * sw)]
-            for i in range(kh):
-                for j in range(kw):
-                    s0 = base + i * wd + j
-                    for ow in range(wo):
-                        d[ow] = max(d[ow], row[np.uint64(s0 + ow * sw)])
-            bias_act_run(d, d, wo, bo, act, alpha)
+        first, second = y[oc, bi * cb:bi * cb + p], y[o + oc, bi * cb:bi * cb + p]
+        for i in range(p):
+            first[i] += second[i]
+        bias_act_run(out[bi, oc], first, p, b[oc] if has_bias else np.float32(0.0), act, alpha)
+
+
+@kernel
+def bias_act_pool_sum(out, y, cb, wd, kh, kw, sh, sw, b, act, alpha):
+    """out (N, O, Ho, Wo) = maxpool(act(y's two halves summed + b)), as bias_act_pool; each
+    plane H*W = cb floats (an im2col GEMM's columns)."""
+    n, o = out.shape[:2]
+    has_bias = b.shape[0] > 0
+    for r in prange(n * o):
+        bi, oc = r // o, r % o
+        first, second = y[oc, bi * cb:(bi + 1) * cb], y[o + oc, bi * cb:(bi + 1) * cb]
+        for i in range(cb):
+            first[i] += second[i]
+        _pool_plane(out[bi, oc], first, wd, kh, kw, sh, sw, b[oc] if has_bias else np.float32(0.0),
+                    act, alpha)
 
 
 # --------------------------------------------------------------------------- stride-1 convs at

@@ -511,9 +511,11 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
                 continue
             calls.append(partial(kfma.gemm, yw, d["w2"], col, kfma.row_offsets(kpart, cols), halves, o, cols,
                                  kpart * cols, kpart, k, o * cols, cols, _EMPTY_F32, 0))
-            if halves == 2:
-                calls.append(partial(kf.add, yw[:o].reshape(-1), yw[:o].reshape(-1), yw[o:].reshape(-1)))
-            yw = yw[:o]
+            if halves == 2:  # the halves' sum in the epilogue (see kernels_fp32.bias_act_sum)
+                calls.append(partial(kf.bias_act_sum, ys, yw, p, d["b"], act, alpha) if pool is None else
+                             partial(kf.bias_act_pool_sum, pool[start:start + m], yw, p, x_w, *pool_geom,
+                                     d["b"], act, alpha))
+                continue
             calls += [partial(kf.bias_act, ys, yw, 0, p, d["b"], act, alpha) if pool is None else
                       partial(kf.bias_act_pool, pool[start:start + m], yw, 0, p, x_w, *pool_geom,
                               d["b"], act, alpha)]

@@ -7,6 +7,8 @@ atol scaled to the magnitude of the terms summed; int8: equal bit for bit.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from models import FakeContainer, naive_im2col
@@ -606,16 +608,17 @@ def test_im2col_same(geom, hw, n):
 @pytest.mark.parametrize("pool", [(2, 2, 2, 2), (3, 3, 2, 2), (3, 2, 1, 2), (2, 2, 1, 1)])
 @pytest.mark.parametrize("hw", [(4, 4), (9, 8), (5, 3)])
 @pytest.mark.parametrize("act", ["relu", "none", "leaky_relu"])
-@pytest.mark.parametrize("wide", [False, True])
-def test_bias_act_pool(pool, hw, act, wide):
+@pytest.mark.parametrize("layout", ["rows", "wide", "halves"])
+def test_bias_act_pool(pool, hw, act, layout):
     """The fused epilogue bias_act_pool (the 2x2/2 window unrolled, others by loops) equals
-    NumPy's maxpool of act(y + b), from both layouts of the GEMM result: (N*O, P) and one
-    wide (O, N*P)."""
+    NumPy's maxpool of act(y + b), from each layout of the GEMM result: (N*O, P), one wide
+    (O, N*P), and a wide one in two halves of K that bias_act_pool_sum adds (in float32)."""
     kh, kw, sh, sw = pool
     n, o, (h, w) = 3, 5, hw
     y = RNG.standard_normal((n, o, h, w)).astype(np.float32)
+    second = RNG.standard_normal((n, o, h, w)).astype(np.float32)
     b = RNG.standard_normal(o).astype(np.float32)
-    v = (y + b[:, None, None]).astype(np.float64)
+    v = ((y + second if layout == "halves" else y) + b[:, None, None]).astype(np.float64)
     z = {"relu": np.maximum(v, 0), "none": v, "leaky_relu": np.where(v >= 0, v, 0.1 * v)}[act]
     ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
     want = np.full((n, o, ho, wo), -np.inf, np.float32)
@@ -623,11 +626,35 @@ def test_bias_act_pool(pool, hw, act, wide):
         for j in range(kw):
             want = np.maximum(want, z[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw])
     got = np.full((n, o, ho, wo), np.nan, np.float32)
-    if wide:
-        y2, rb, cb = np.ascontiguousarray(y.transpose(1, 0, 2, 3)).reshape(o, n * h * w), 0, h * w
+
+    def wide_of(a):
+        return np.ascontiguousarray(a.transpose(1, 0, 2, 3)).reshape(o, n * h * w)
+
+    if layout == "halves":
+        kf.bias_act_pool_sum(got, np.concatenate([wide_of(y), wide_of(second)]), h * w, w, kh, kw, sh, sw,
+                             b, kf.ACT[act], 0.1)
+    elif layout == "wide":
+        kf.bias_act_pool(got, wide_of(y), 0, h * w, w, kh, kw, sh, sw, b, kf.ACT[act], 0.1)
     else:
-        y2, rb, cb = y.reshape(n * o, h * w), o, 0
-    kf.bias_act_pool(got, y2, rb, cb, w, kh, kw, sh, sw, b, kf.ACT[act], 0.1)
+        kf.bias_act_pool(got, y.reshape(n * o, h * w), o, 0, w, kh, kw, sh, sw, b, kf.ACT[act], 0.1)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["relu", "none", "gelu"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bias_act_sum(act, bias):
+    """A GEMM's two halves of K (2*O, N*P), summed in float32, then the bias and activation,
+    laid out (N, O, P); the halves' padding columns past N*P are not read."""
+    n, o, p = 3, 7, 20
+    halves = np.full((2 * o, n * p + 16), np.nan, np.float32)
+    halves[:, :n * p] = RNG.standard_normal((2 * o, n * p))
+    b = RNG.standard_normal(o).astype(np.float32) if bias else np.zeros(0, np.float32)
+    total = (halves[:o, :n * p] + halves[o:, :n * p]).reshape(o, n, p).transpose(1, 0, 2)
+    v = (total + (b[:, None] if bias else 0)).astype(np.float64)
+    want = {"relu": np.maximum(v, 0), "none": v,
+            "gelu": 0.5 * v * (1 + np.vectorize(math.erf)(v / np.sqrt(2)))}[act]
+    got = np.full((n, o, p), np.nan, np.float32)
+    kf.bias_act_sum(got, halves, p, b, kf.ACT[act], 0.0)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
@@ -647,12 +674,14 @@ def test_bias_act_cols(act, n, m):
     assert not c[:, n:].any()
 
 
+@pytest.mark.parametrize("act", ["relu", "gelu"])
 @pytest.mark.parametrize("hw,n,split", [((8, 8), 1, True), ((8, 8), 2, True), ((4, 4), 3, True),
                                         ((4, 4), 1, False), ((8, 8), 3, False)])
-def test_conv2d_fp32_k_halves(hw, n, split):
+def test_conv2d_fp32_k_halves(hw, n, split, act):
     """On two threads an im2col conv of 32..128 columns a chunk runs two GEMMs over the halves
-    of K and adds them (lowering_conv.FMA_KSPLIT_COLS): still the convolution, with and without a
-    fused maxpool."""
+    of K and sums them in its epilogue (lowering_conv.FMA_KSPLIT_COLS, kernels_fp32.bias_act_sum
+    and bias_act_pool_sum): still the convolution, with and without a fused maxpool (2x2/2 and
+    3x3/2)."""
     from pocket.infer import kernels_fma
 
     if not kernels_fma.AVAILABLE:
@@ -665,15 +694,16 @@ def test_conv2d_fp32_k_halves(hw, n, split):
     params = _conv_params(c, o, 3, 3, 1)
     x = RNG.standard_normal((n, c, *hw)).astype(np.float32)
     conv = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {
-        "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1, "activation": "relu"})
+        "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1, "activation": act})
     pool = Node("pool", "maxpool2d", ["y"], ["z"], {"kernel": [2, 2], "padding": [0, 0]})
-    for nodes in ([conv], [conv, pool]):
+    pool3 = Node("pool", "maxpool2d", ["y"], ["z"], {"kernel": [3, 3], "stride": [2, 2], "padding": [0, 0]})
+    for nodes in ([conv], [conv, pool], [conv, pool3]):
         g = Graph({"x": ValueInfo("f32", ("N", c, *hw))}, [nodes[-1].outputs[0]], nodes,
                   {k: _info(v) for k, v in params.items()})
         want = ref.run(g, params, x)[g.outputs[0]]
         with Engine(FakeContainer(g, params), max_batch=4, threads=2) as eng:
             got = eng.run(x, copy=True)
             names = [getattr(getattr(call, "func", call), "__name__", "") for call in eng._bind(n).calls]
-        halves = "add" in names or "add_serial" in names
-        assert halves == split
+        halves = any(f.startswith(("bias_act_sum", "bias_act_pool_sum")) for f in names)
+        assert halves == split, names
         assert_close(got, want, scale=c * 9)

@@ -227,7 +227,8 @@ def test_bias_act_pool2_pitch_equals_numba_loop(ho, wo, pitch, act):
 @needs_fma
 @pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize("n,c,o,h,w,act", [(1, 32, 64, 14, 14, 1), (3, 4, 13, 7, 9, 0), (2, 3, 21, 5, 5, 1),
-                                           (1, 8, 5, 12, 31, 1), (1, 1, 32, 28, 28, 1), (2, 2, 12, 30, 31, 0)])
+                                           (1, 8, 5, 12, 31, 1), (1, 1, 32, 28, 28, 1),
+                                           (2, 2, 12, 30, 31, 0)])
 def test_gemm_pool2_pitch_equals_steps(n, c, o, h, w, act, serial):
     """The pitch GEMM with each part's pooled epilogue equals gemm then bias_act_pool2_pitch
     bit for bit: several images, channels past a multiple of 8 (and splits of them), odd
