@@ -302,28 +302,44 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc, b, epi):
     (item, pixel group) pairs, split along the channels too when there are fewer than 8; one
     item of a few tiles may split along its pixels instead (gemm_pixels).
     """
-    n_g, n_o, per_o = _gemm_split(nb, o, m)
+    tr = _tile_rows(m, GROUP_P, o, _rows_aligned(x, offs, xs, nb))
+    n_g, n_o, per_o = _gemm_split(nb, o, m, tr)
     for t in prange(nb * n_g * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, GROUP_P, n_o, per_o)
+        _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, GROUP_P, n_o, per_o, tr)
 
 
 @njit(cache=True)
-def _gemm_split(nb, o, m):
-    """gemm's parallel parts: (pixel groups, channel splits, channels a split)."""
+def _gemm_split(nb, o, m, tr):
+    """gemm's parallel parts: (pixel groups, channel splits, channels a split), tiles of tr
+    channels."""
     n_p = (m + TILE_P - 1) // TILE_P  # the last one a half tile when m % TILE_P != 0
     n_g = (n_p + GROUP_P - 1) // GROUP_P
-    n_o, per_o = _channel_split(nb * n_g, o, _tile_rows(m, GROUP_P, o))
+    n_o, per_o = _channel_split(nb * n_g, o, tr)
     return n_g, n_o, per_o
 
 
 @njit(cache=True)
-def _tile_rows(m, gp, o):
+def _tile_rows(m, gp, o, aligned):
     """The channels of a GEMM's tiles: WIDE_O where its pixel groups (gp tiles) pair tiles
-    and tiles of WIDE_O waste at most 1/64 of the o channels.
+    and tiles of WIDE_O waste at most 1/64 of the o channels, or 1/16 where every row of
+    inputs starts on a cache line (`aligned`).
 
-    NOTE: cnn_mnist's second conv (64 channels: 66 computed in tiles of 6) ran 51 -> 54 us
-    in wide tiles."""
-    return WIDE_O if gp >= 2 and m >= 2 * TILE_P and (-o) % WIDE_O * 64 <= o else TILE_O
+    NOTE: cnn_cifar's Winograd GEMMs (64 and 128 channels: 66 and 132 computed) ran 3% faster
+    in wide tiles on two threads; cnn_mnist's second conv (64 channels, its rows at the
+    unaligned shifts of a pitch) 51 -> 54 us."""
+    waste = (-o) % WIDE_O
+    if gp >= 2 and m >= 2 * TILE_P and (waste * 64 <= o or (aligned and waste * 16 <= o)):
+        return WIDE_O
+    return TILE_O
+
+
+@njit(cache=True)
+def _rows_aligned(x, offs, xs, nb):
+    """Whether each of nb items' rows of inputs (gemm's x, offs, xs) starts on a cache line
+    (explicit columns; a pitch's rows are shifted by a pixel)."""
+    k = offs.shape[0]
+    first = (np.int64(x.ctypes.data) + offs[0]) % 64 == 0 if k > 0 else True
+    return first and (k < 2 or offs[1] % 64 == 0) and (nb < 2 or xs * 4 % 64 == 0)
 
 
 @njit(cache=True)
@@ -349,14 +365,15 @@ def gemm_pixels(c, w, x, offs, o, m, ldw, ldc, b, epi, parts):
     n_p = (m + TILE_P - 1) // TILE_P
     gp = (n_p + parts - 1) // parts
     n_g = (n_p + gp - 1) // gp
+    tr = _tile_rows(m, gp, o, _rows_aligned(x, offs, 0, 1))
     for t in prange(n_g):
-        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, epi, n_g, gp, 1, o)
+        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, epi, n_g, gp, 1, o, tr)
 
 
 @njit(cache=True)
-def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_o, per_o):
+def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_o, per_o, tr):
     """Part t of gemm (same arguments): item t // (n_g*n_o), its pixel group (of gp tiles)
-    and channels."""
+    and channels (per_o a part, in tiles of tr)."""
     k = offs.shape[0]
     wa, xa, ca, oa = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
                       np.int64(offs.ctypes.data))
@@ -370,7 +387,7 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_
     for k0 in range(0, k, kb):
         nk = min(kb, k - k0)
         _gemm_block(wa + (item * ws + k0) * 4, ldw, xb, oa + k0 * 8, nk, cb, ldc, k0, k0 + nk == k,
-                    ob, min(o, ob + per_o), _tile_rows(m, gp, o), p0, p1, m, ba, epi, relu)
+                    ob, min(o, ob + per_o), tr, p0, p1, m, ba, epi, relu)
 
 
 @njit(cache=True)
@@ -417,11 +434,12 @@ def gemm_pool2_pitch(out, c, w, x, offs, nb, o, m, xs, ldw, pitch, b, act):
     epilogue reads what its own core just wrote. Each part holds whole images: one pixel
     group of all of an image's tiles (POOL_GROUP_MAX pixels at most)."""
     gp = max(GROUP_P, (m + TILE_P - 1) // TILE_P)
-    n_o, per_o = _channel_split(nb, o, _tile_rows(m, gp, o))
+    tr = _tile_rows(m, gp, o, _rows_aligned(x, offs, xs, nb))
+    n_o, per_o = _channel_split(nb, o, tr)
     ho, wo = out.shape[2], out.shape[3]
     oa, ca = np.int64(out.ctypes.data), np.int64(c.ctypes.data)
     for t in prange(nb * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, gp, n_o, per_o)
+        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, gp, n_o, per_o, tr)
         item, ob = t // n_o, (t % n_o) * per_o
         for oc in range(ob, min(o, ob + per_o)):
             _pool2_plane(oa, ca, nb * m, item * o + oc, o, ho, wo, pitch, m, b, act)
@@ -544,7 +562,7 @@ def gemm_rows(c, w, x, xt, offs, o, m, ldc, b, epi):
     parts = xt.shape[0]
     k = x.shape[1]
     n_p = (m + TILE_P - 1) // TILE_P
-    tr = _tile_rows(m, n_p, o)
+    tr = _tile_rows(m, n_p, o, True)
     tiles_o = (o + tr - 1) // tr
     per_o = (tiles_o + parts - 1) // parts * tr
     n_o = (o + per_o - 1) // per_o

@@ -44,12 +44,13 @@ def _naive(w, rows):
 @pytest.mark.parametrize("nb,o,k,m", [(1, 1, 1, 32), (1, 7, 5, 64), (1, 8, 9, 16), (3, 9, 13, 96),
                                       (2, 17, 300, 48), (16, 24, 64, 160), (1, 64, 1, 32),
                                       (1, 5, 600, 80), (1, 33, 300, 96), (1, 9, 129, 560),
-                                      (1, 12, 40, 96), (2, 18, 300, 160), (1, 130, 33, 112)])
+                                      (1, 12, 40, 96), (2, 18, 300, 160), (1, 130, 33, 112),
+                                      (3, 64, 64, 256), (1, 122, 5, 64)])
 def test_gemm_explicit_rows(nb, o, k, m, serial):
     """nb GEMMs on explicit (K, M) columns, the weights nb blocks apart; every channel tail
     (o % 8), half tiles (m % 32 == 16) and K longer than a cache block; wide tiles (pairs of
-    tiles, 6 channels: o = 12, 18, 130) beside single and half ones; the parallel and serial
-    twins alike."""
+    tiles, 6 channels: o = 12, 18, 130; 64 and 122 on these cache-aligned rows) beside single
+    and half ones; the parallel and serial twins alike."""
     x = RNG.standard_normal((nb, k, m)).astype(np.float32)
     w = RNG.standard_normal((nb, o, k)).astype(np.float32)
     c = np.full((nb, o, m), np.nan, np.float32)
