@@ -173,12 +173,14 @@ class Engine:
 
         _import_numba_math()
         from pocket.infer.lowering import PREPARE, chained_linears, no_prep
+        from pocket.infer.lowering_conv import padded_pairs
 
         self._spinning = _spin_if_no_blas(self.graph)
         self._apply_threads()
         self._prep = [PREPARE.get(n.op, no_prep)(self, n) for n in self.graph.nodes]
         self._pool_after = self._fusable_pools()
         self._chained = chained_linears(self)
+        self._pad_after = padded_pairs(self)
         self._skip: set[int] = set()
         self._plan_arena()
         self._planned, self._interpret_left = True, 0.0
@@ -324,6 +326,9 @@ class Engine:
         for conv_step, pool_step in self._pool_after.items():
             # a fused conv writes the pool's output while it still reads its input and scratch
             buffers[root[g.nodes[pool_step].outputs[0]]].first = conv_step
+        for a_step, b_step in self._pad_after.items():
+            # a conv that writes the next one's padded images while it still reads its own
+            buffers[f"#scratch{b_step}"].first = a_step
         for step, (_, nbytes) in self._chained.items():
             # the value in the next linear's packed layout: whole tiles of columns
             out = buffers[root[g.nodes[step].outputs[0]]]

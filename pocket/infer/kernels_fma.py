@@ -250,18 +250,19 @@ def bias_act_pool2_pitch(out, y, pitch, istride, b, act):
     n, o, ho, wo = out.shape
     ya, oa = np.int64(y.ctypes.data), np.int64(out.ctypes.data)
     for r in prange(n * o):
-        _pool2_plane(oa, ya, y.shape[1], r, o, ho, wo, pitch, istride, b, act)
+        _pool2_plane(oa, ya, y.shape[1], r, o, ho, wo, pitch, istride, b, act, ho * wo, wo)
 
 
 @njit(cache=True)
-def _pool2_plane(oa, ya, mp, r, o, ho, wo, pitch, istride, b, act):
-    """bias_act_pool2_pitch's plane r = (image bi, channel oc): out at oa (N, O, Ho, Wo), the
-    GEMM result at ya (rows of mp floats)."""
+def _pool2_plane(oa, ya, mp, r, o, ho, wo, pitch, istride, b, act, ps, rs):
+    """bias_act_pool2_pitch's plane r = (image bi, channel oc): its Ho x Wo outputs at
+    oa + (r*ps + oh*rs) floats (ps, rs = Ho*Wo, Wo: out (N, O, Ho, Wo)), the GEMM result at ya
+    (rows of mp floats)."""
     bi, oc = r // o, r % o
     bo = b[oc] if b.shape[0] > 0 else np.float32(0.0)
     for oh in range(ho):
         src = ya + (oc * mp + bi * istride + 2 * oh * pitch) * 4
-        dst = oa + ((r * ho + oh) * wo) * 4
+        dst = oa + (r * ps + oh * rs) * 4
         for ow in range(0, wo, 16):
             _pool2(src + ow * 8, pitch * 4, dst + ow * 4, min(16, wo - ow), bo, act)
 
@@ -433,16 +434,44 @@ def gemm_pool2_pitch(out, c, w, x, offs, nb, o, m, xs, ldw, pitch, b, act):
     part, by bias_act_pool2_pitch of the planes it computed, into out (nb, O, Ho, Wo): the
     epilogue reads what its own core just wrote. Each part holds whole images: one pixel
     group of all of an image's tiles (POOL_GROUP_MAX pixels at most)."""
-    gp = max(GROUP_P, (m + TILE_P - 1) // TILE_P)
-    tr = _tile_rows(m, gp, o, _rows_aligned(x, offs, xs, nb))
-    n_o, per_o = _channel_split(nb, o, tr)
     ho, wo = out.shape[2], out.shape[3]
-    oa, ca = np.int64(out.ctypes.data), np.int64(c.ctypes.data)
+    n_o, per_o, gp, tr = _pool2_split(x, offs, nb, o, m, xs)
     for t in prange(nb * n_o):
         _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, gp, n_o, per_o, tr)
         item, ob = t // n_o, (t % n_o) * per_o
         for oc in range(ob, min(o, ob + per_o)):
-            _pool2_plane(oa, ca, nb * m, item * o + oc, o, ho, wo, pitch, m, b, act)
+            _pool2_plane(np.int64(out.ctypes.data), np.int64(c.ctypes.data), nb * m, item * o + oc, o, ho,
+                         wo, pitch, m, b, act, ho * wo, wo)
+
+
+@kernel
+def gemm_pool2_padded(xpad, hp, wp, ph, pw, ho, wo, c, w, x, offs, nb, o, m, xs, ldw, pitch, b, act):
+    """gemm_pool2_pitch whose pooled Ho x Wo planes land in the next conv's padded images:
+    xpad in kernels_fp32.pad_images' layout (planes of hp x wp, each map at (ph, pw), zeros
+    around it and past the last plane), so that conv needs no pad_images of its own.
+
+    NOTE: cnn_mnist fp32 at batch 1 spent ~2.5 us of ~90 padding its 32 pooled maps."""
+    n_o, per_o, gp, tr = _pool2_split(x, offs, nb, o, m, xs)
+    pa, ca, plane = np.int64(xpad.ctypes.data), np.int64(c.ctypes.data), hp * wp
+    for t in prange(nb * n_o):
+        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, gp, n_o, per_o, tr)
+        item, ob = t // n_o, (t % n_o) * per_o
+        for oc in range(ob, min(o, ob + per_o)):
+            r = item * o + oc
+            for j in range(0, plane, 16):  # the plane's zeros (the map overwrites its own)
+                _row16(pa, pa + (r * plane + j) * 4, 0, min(16, plane - j), np.float32(0.0))
+            _pool2_plane(pa + (ph * wp + pw) * 4, ca, nb * m, r, o, ho, wo, pitch, m, b, act, plane, wp)
+    for j in range(nb * o * plane, xpad.shape[0]):
+        xpad[j] = np.float32(0.0)
+
+
+@njit(cache=True)
+def _pool2_split(x, offs, nb, o, m, xs):
+    """gemm_pool2_pitch's parts: (channel splits, channels a split, tiles a group, tile rows)."""
+    gp = max(GROUP_P, (m + TILE_P - 1) // TILE_P)
+    tr = _tile_rows(m, gp, o, _rows_aligned(x, offs, xs, nb))
+    n_o, per_o = _channel_split(nb, o, tr)
+    return n_o, per_o, gp, tr
 
 
 def pitch_offsets(c: int, hp: int, wp: int, kh: int, kw: int, dh: int, dw: int) -> np.ndarray:

@@ -347,13 +347,55 @@ def _b_conv_quad(eng: Engine, step: int, d: dict, a: dict, x, y, pool, pool_geom
     return calls
 
 
-def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
-    d, a = eng._prep[step], node.attrs
+def padded_pairs(eng: Engine) -> dict[int, int]:
+    """{conv step A: conv step B} where A (an AVX-512 pitch conv with a fused 2x2/2 pool
+    and ReLU or none) may write its pooled output straight into B's padded images, B being a
+    pitch conv (or a Winograd one with a pitch plan) and that output's only reader
+    (kernels_fma.gemm_pool2_padded): B then pads nothing. Whether they do at a batch size
+    is _pads_into's call; the engine keeps B's scratch live from A on for these pairs."""
+    readers, pairs = eng.readers(), {}
+    for a_step, pool_step in eng._pool_after.items():
+        node, d = eng.graph.nodes[a_step], eng._prep[a_step]
+        out = eng.graph.nodes[pool_step].outputs[0]
+        nxt = readers.get(out, [])
+        if (d.get("kind") != "fma_pitch" or _act_code(node.attrs) not in (0, 1)
+                or d["mpi"] > kfma.POOL_GROUP_MAX or out in eng.graph.outputs or len(nxt) != 1
+                or tuple(_pool_geom(eng.graph.nodes[pool_step].attrs)[:4]) != (2, 2, 2, 2)):
+            continue
+        b_node, q = eng.graph.nodes[nxt[0]], eng._prep[nxt[0]]
+        if b_node.op == "conv2d" and b_node.inputs[0] == out and "fma_pitch" in (
+                q.get("kind"), q.get("pitch_plan", {}).get("kind")):
+            pairs[a_step] = nxt[0]
+    return pairs
+
+
+def _pads_into(eng: Engine, step: int, n: int) -> int | None:
+    """The conv whose padded images conv `step` writes at batch n (see padded_pairs): where
+    that conv runs at its pitch, all n images in one chunk."""
+    b_step = eng._pad_after.get(step)
+    if b_step is None:
+        return None
+    d, _ = _route_at(eng, b_step, n)
+    cols = ("cols_plan" in d and n == 1 and b_step not in eng._pool_after
+            and _register_epi(d["b"], _act_code(eng.graph.nodes[b_step].attrs)) is not None)
+    return b_step if d["kind"] == "fma_pitch" and n <= d["chunk"] and not cols else None
+
+
+def _route_at(eng: Engine, step: int, n: int) -> tuple[dict, bool]:
+    """Conv `step`'s prepared route at batch n, and whether it is kernels_fma_winograd's fused
+    conv: a Winograd conv with few tiles takes its pitch plan."""
+    d, a = eng._prep[step], eng.graph.nodes[step].attrs
     fused = (d["kind"] == "winograd" and d["fma"] and _act_code(a) in (0, 1)
              and n >= WINOGRAD_FUSED_PER_THREAD * eng._threads)
     if d["kind"] == "winograd" and not fused and (n * d["th"] * d["tw"] < WINOGRAD_MIN_TILES
                                                   or d["c"] < WINOGRAD_MIN_C):
         d = d["pitch_plan"]
+    return d, fused
+
+
+def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
+    a = node.attrs
+    d, fused = _route_at(eng, step, n)
     x, y = eng._view(node.inputs[0], n), eng._view(node.outputs[0], n)
     o, k, p, g, geom = d["o"], d["k"], d["p"], d["groups"], d["geom"]
     act, alpha = _act_code(a), a["alpha"]
@@ -473,9 +515,19 @@ def _b_conv2d(eng: Engine, step: int, node: Node, n: int) -> list:
             yw = eng._scratch(step, np.float32, (o, m * mpi),
                               _aligned((d["chunk"] * padded + d["slack"]) * 4))
             kh, kw, sh, sw, ph, pw, dh, dw = geom
-            calls.append(partial(kf.pad_images, xpad, xs, ph, pw, d["hp"], d["wp"], np.float32(0)))
+            if not any(_pads_into(eng, s, n) == step for s in eng._pad_after):
+                calls.append(partial(kf.pad_images, xpad, xs, ph, pw, d["hp"], d["wp"], np.float32(0)))
             if (pool is not None and tuple(pool_geom) == (2, 2, 2, 2) and act in (0, 1)
                     and mpi <= kfma.POOL_GROUP_MAX):  # each part pools its own planes
+                b_step = _pads_into(eng, step, n)
+                if b_step is not None:  # ... into the next conv's padded images
+                    q = _route_at(eng, b_step, n)[0]
+                    bpad = eng._scratch(b_step, np.float32, (n * q["padded"] + q["slack"],))
+                    _, _, _, _, qph, qpw, _, _ = q["geom"]
+                    calls.append(partial(kfma.gemm_pool2_padded, bpad[start * q["padded"]:], q["hp"], q["wp"],
+                                         qph, qpw, *pool.shape[2:], yw, d["w2"], xpad, d["offs"], m, o, mpi,
+                                         padded, k, d["pitch"], d["b"], act))
+                    continue
                 calls.append(partial(kfma.gemm_pool2_pitch, pool[start:start + m], yw, d["w2"], xpad,
                                      d["offs"], m, o, mpi, padded, k, d["pitch"], d["b"], act))
                 continue

@@ -674,6 +674,38 @@ def test_bias_act_cols(act, n, m):
     assert not c[:, n:].any()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act2", ["relu", "gelu"])
+def test_conv_pool_writes_next_convs_padding(threads, act2, fp32_route):
+    """conv -> 2x2 maxpool -> conv at a pitch (AVX-512): the first conv's pooled epilogue
+    writes the second's padded images (kernels_fma.gemm_pool2_padded), which then pads
+    nothing; at every batch size the results are the reference's (the arena keeps the second
+    conv's scratch live from the first on), and the pair falls back to pad_images where the
+    second conv runs another way (a Winograd conv's fused kernel at larger batches)."""
+    from pocket.infer import lowering_conv
+
+    params = {**{k + "1": v for k, v in _conv_params(3, 32, 3, 3, 1).items()},
+              **{k + "2": v for k, v in _conv_params(32, 16, 3, 3, 1).items()}}
+    nodes = [Node("c1", "conv2d", ["x", "w1", "b1"], ["h"], {"padding": [1, 1], "activation": "relu"}),
+             Node("p", "maxpool2d", ["h"], ["hp"], {"kernel": [2, 2], "padding": [0, 0]}),
+             Node("c2", "conv2d", ["hp", "w2", "b2"], ["y"], {"padding": [1, 1], "activation": act2})]
+    g = Graph({"x": ValueInfo("f32", ("N", 3, 14, 18))}, ["y"], nodes,
+              {k: _info(v) for k, v in params.items()})
+    with Engine(FakeContainer(g, params), max_batch=8, threads=threads) as eng:
+        for n in (1, 2, 5, 8):
+            x = RNG.standard_normal((n, 3, 14, 18)).astype(np.float32)
+            got = eng.run(x, copy=True)
+            # (sums of 288 terms of up to ~40: float32 rounding reaches ~1e-4)
+            assert_close(got, ref.run(g, params, x)["y"], scale=1000)
+            names = [getattr(getattr(f, "func", f), "__name__", "") for f in eng._bind(n).calls]
+            padded = lowering_conv._pads_into(eng, 0, n) == 2
+            assert any(f.startswith("gemm_pool2_padded") for f in names) == padded, names
+            if padded:  # only the first conv's input is padded
+                assert sum(f.startswith("pad_images") for f in names) == -(-n // eng._prep[0]["chunk"])
+        if fp32_route == "fma":
+            assert eng._pad_after == {0: 2} and lowering_conv._pads_into(eng, 0, 1) == 2
+
+
 @pytest.mark.parametrize("act", ["relu", "gelu"])
 @pytest.mark.parametrize("hw,n,split", [((8, 8), 1, True), ((8, 8), 2, True), ((4, 4), 3, True),
                                         ((4, 4), 1, False), ((8, 8), 3, False)])

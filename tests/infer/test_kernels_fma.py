@@ -234,7 +234,8 @@ def test_gemm_pool2_pitch_equals_steps(n, c, o, h, w, act, serial):
     """The pitch GEMM with each part's pooled epilogue equals gemm then bias_act_pool2_pitch
     bit for bit: several images, channels past a multiple of 8 (and splits of them), odd
     maps, images of more than one GEMM pixel group (28x28: 812 pixels, 30x31: wide tiles);
-    every pooled output written."""
+    every pooled output written; and written into padded images (gemm_pool2_padded) as
+    kernels_fp32.pad_images would pad them."""
     assert h * (w + 1) <= kfma.POOL_GROUP_MAX
     from pocket.infer import kernels_fp32 as kf
 
@@ -256,6 +257,16 @@ def test_gemm_pool2_pitch_equals_steps(n, c, o, h, w, act, serial):
     (kfma.gemm_pool2_pitch.serial if serial else kfma.gemm_pool2_pitch)(
         got, scratch, wt, xpad, offs, n, o, mpi, padded, c * 9, wp, b, act)
     assert np.array_equal(got, want)
+    # ... and into the next conv's padded images: pad_images' layout, its zeros and slack
+    # rewritten over NaN, for two paddings of the next conv
+    for (nph, npw, nhp, nwp) in ((1, 1, h // 2 + 2, w // 2 + 1), (2, 0, h // 2 + 4, w // 2 + 3)):
+        pad_want = np.full(n * o * nhp * nwp + 20, np.nan, np.float32)
+        kf.pad_images(pad_want, want, nph, npw, nhp, nwp, np.float32(0))
+        pad_got = np.full(pad_want.shape, np.nan, np.float32)
+        (kfma.gemm_pool2_padded.serial if serial else kfma.gemm_pool2_padded)(
+            pad_got, nhp, nwp, nph, npw, h // 2, w // 2, scratch, wt, xpad, offs, n, o, mpi, padded, c * 9,
+            wp, b, act)
+        assert np.array_equal(pad_got, pad_want)
 
 
 @needs_fma
