@@ -580,8 +580,8 @@ def _transpose_part(xt, x, c0, c1, j0, j1):
 def gemm_rows(c, w, x, xt, offs, o, m, ldc, b, epi):
     """A linear's GEMM from its rows x (N, K): C (o, m) = W (o, K) @ x.T (gemm's arguments
     and epilogue), split along the channels into up to P = xt.shape[0] parts. Each part takes
-    K a block at a time (rows_block(m) rows): it first transposes that block of x into its
-    own xt[p] (transpose_in's layout), then runs its channels over it.
+    K a block of xt.shape[1] rows at a time (rows_block): it first transposes that block of x
+    into its own xt[p] (transpose_in's layout), then runs its channels over it.
 
     NOTE: both cores of a channel-split GEMM read all of x.T: made by one transpose_in, half
     of it crossed from the other core's cache and the GEMM's parts waited on it (mlp fp32 at
@@ -595,7 +595,7 @@ def gemm_rows(c, w, x, xt, offs, o, m, ldc, b, epi):
     tiles_o = (o + tr - 1) // tr
     per_o = (tiles_o + parts - 1) // parts * tr
     n_o = (o + per_o - 1) // per_o
-    kb = _block_k(n_p, m, k)
+    kb = xt.shape[1]  # (not _block_k's: one half tile would take all of K, past the buffer)
     wa, ca, oa = np.int64(w.ctypes.data), np.int64(c.ctypes.data), np.int64(offs.ctypes.data)
     ba, relu = np.int64(b.ctypes.data), np.int64(epi == 2)
     for p in prange(n_o):
@@ -609,9 +609,10 @@ def gemm_rows(c, w, x, xt, offs, o, m, ldc, b, epi):
                         p * per_o, min(o, (p + 1) * per_o), tr, 0, n_p, m, ba, epi, relu)
 
 
-def rows_block(m: int) -> int:
-    """The rows of K that gemm_rows transposes at a time for m columns (its xt[p]: (., m))."""
-    return BLOCK_K // 2 if -(-m // TILE_P) <= 2 else BLOCK_K
+def rows_block(m: int, k: int) -> int:
+    """The rows of K that gemm_rows transposes at a time for m columns: its xt[p] is (this, m).
+    Never fewer for more columns (the engine sizes the buffers at its largest batch)."""
+    return min(k, BLOCK_K // 2 if -(-m // TILE_P) <= 2 else BLOCK_K)
 
 
 @kernel

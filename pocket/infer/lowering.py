@@ -85,7 +85,7 @@ def _prep_linear(eng: Engine, node: Node) -> dict:
         o, k = w.shape
         cols = kfma.tile_cols(eng.max_batch)
         d["copies"] = min(ROWS_COPIES, numba.config.NUMBA_NUM_THREADS)
-        d["rows_at"] = _aligned(max(k, d["copies"] * min(k, kfma.rows_block(cols))) * cols * 4)
+        d["rows_at"] = _aligned(max(k, d["copies"] * kfma.rows_block(cols, k)) * cols * 4)
         d["scratch_bytes"] = d["rows_at"] + _aligned(o * (cols + _LINEAR_SKEW) * 4)
     return d
 
@@ -163,7 +163,7 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
         if _chained_input(eng, step, n):  # the previous linear left x.T here
             xt = eng._packed(node.inputs[0], np.float32, (k, cols))
         elif 2 <= eng._threads <= d["copies"] and eng._parallel(4 * o * cols * k):
-            own = eng._scratch(step, np.float32, (eng._threads, min(k, kfma.rows_block(cols)), cols))
+            own = eng._scratch(step, np.float32, (eng._threads, kfma.rows_block(cols, k), cols))
         else:
             xt = eng._scratch(step, np.float32, (k, cols))
             calls.append(partial(kfma.transpose_in, xt, x.reshape(n, k), parts))

@@ -100,7 +100,7 @@ def test_linear_fp32(act, n, bias, fp32_route):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n", [17, 64])
+@pytest.mark.parametrize("n", [16, 17, 64])
 def test_linear_fp32_routes_by_threads(threads, n, fp32_route):
     """Two chained linears from 16 rows on (AVX-512): on 2 threads the first, from rows, runs
     as gemm_rows (each core transposes x for itself) and the second, its weights small, as

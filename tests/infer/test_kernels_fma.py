@@ -106,7 +106,7 @@ def test_gemm_pixels(o, k, m, epi, parts, serial):
 @pytest.mark.parametrize("parts", [1, 2, 3])
 @pytest.mark.parametrize("epi", [0, 1])
 @pytest.mark.parametrize("n,o,k", [(64, 256, 300), (17, 9, 33), (50, 17, 16), (40, 3, 129),
-                                   (100, 13, 600), (200, 20, 70)])
+                                   (100, 13, 600), (200, 20, 70), (16, 9, 300)])
 def test_gemm_rows(n, o, k, epi, parts, serial):
     """A linear's GEMM from its rows: each of `parts` channel splits transposes x a block of
     K at a time into its own buffer (NaN-filled here: every column the GEMM reads must be
@@ -116,7 +116,7 @@ def test_gemm_rows(n, o, k, epi, parts, serial):
     w = RNG.standard_normal((o, k)).astype(np.float32)
     b = RNG.standard_normal(o).astype(np.float32) if epi else NO_BIAS
     m = kfma.tile_cols(n)
-    xts = np.full((parts, min(k, kfma.rows_block(m)), m), np.nan, np.float32)
+    xts = np.full((parts, kfma.rows_block(m, k), m), np.nan, np.float32)
     c = np.full((o, m + 8), 7.0, np.float32)
     fn = kfma.gemm_rows.serial if serial else kfma.gemm_rows
     fn(c, w, x, xts, kfma.row_offsets(k, m), o, m, m + 8, b, epi)
