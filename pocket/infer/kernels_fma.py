@@ -100,7 +100,15 @@ def _make_tile(nv: int, nr: int = TILE_O):
                     out += [builder.call(fma, [wb, xs[v], accs[r * nv + v]]) for v in range(nv)]
                 return out
 
-            final = _loop(builder, nk, init, step)
+            # NOTE: two steps an iteration: 256 x 784 @ 784 x 64 152.4 -> 151.6 us (the
+            # loop's exit, mispredicted once per tile and block of K, then comes half as late)
+            half = builder.sdiv(nk, _const(2))
+            final = _loop(builder, half, init,
+                          lambda i, accs: step(builder.add(builder.add(i, i), _const(1)),
+                                               step(builder.add(i, i), accs)))
+            last = builder.mul(half, _const(2))
+            final = _loop(builder, builder.sub(nk, last), final,
+                          lambda i, accs: step(builder.add(last, i), accs))
 
             def store(epilogue):
                 for r in range(nr):
@@ -127,6 +135,9 @@ def _make_tile(nv: int, nr: int = TILE_O):
 
 _tile, _half = _make_tile(2), _make_tile(1)  # 32 pixels; 16 (a GEMM's last, half tile)
 _wide = _make_tile(4, WIDE_O)  # 64 pixels (two tiles)
+# A GEMM's last wide tile, when it has at most 4 or 2 channels: it would compute 6 either way
+# (mlp's 256 channels are 42 tiles and 4; a 10-class linear 6 and 4)
+_wide4, _wide2 = _make_tile(4, 4), _make_tile(4, 2)
 
 
 def _shuffle(builder, a, b, idx):
@@ -322,14 +333,15 @@ def _gemm_split(nb, o, m, tr):
 @njit(cache=True)
 def _tile_rows(m, gp, o, aligned):
     """The channels of a GEMM's tiles: WIDE_O where its pixel groups (gp tiles) pair tiles
-    and tiles of WIDE_O waste at most 1/64 of the o channels, or 1/16 where every row of
-    inputs starts on a cache line (`aligned`).
+    and tiles of WIDE_O waste at most 1/64 of the o channels; where every row of inputs
+    starts on a cache line (`aligned`), where the last tile, of 6, 4 or 2 channels
+    (_gemm_block), wastes at most 1/16 of them.
 
-    NOTE: cnn_cifar's Winograd GEMMs (64 and 128 channels: 66 and 132 computed) ran 3% faster
-    in wide tiles on two threads; cnn_mnist's second conv (64 channels, its rows at the
-    unaligned shifts of a pitch) 51 -> 54 us."""
+    NOTE: cnn_cifar's Winograd GEMMs (64 and 128 channels) ran 3% faster in wide tiles on two
+    threads; cnn_mnist's second conv (64 channels, its rows at the unaligned shifts of a
+    pitch) 51 -> 54 us, when its last tile computed 6 channels for 4."""
     waste = (-o) % WIDE_O
-    if gp >= 2 and m >= 2 * TILE_P and (waste * 64 <= o or (aligned and waste * 16 <= o)):
+    if gp >= 2 and m >= 2 * TILE_P and (waste * 64 <= o or (aligned and waste % 2 * 16 <= o)):
         return WIDE_O
     return TILE_O
 
@@ -418,7 +430,12 @@ def _gemm_block(wk, ldw, xb, ok, nk, cb, ldc, k0, last, o_lo, o_hi, tr, p0, p1, 
             args = (wr, ldw * 4, xb + pt * (TILE_P * 4), ok, nk, cr + pt * (TILE_P * 4), ldc * 4, k0,
                     rows, bias, relu)
             if tr == WIDE_O and pt + 1 < p1 and (pt + 2) * TILE_P <= m:
-                _wide(*args)
+                if rows <= 2:
+                    _wide2(*args)
+                elif rows <= 4:
+                    _wide4(*args)
+                else:
+                    _wide(*args)
                 pt += 2
                 continue
             if (pt + 1) * TILE_P <= m:
@@ -551,21 +568,31 @@ def transpose_in(xt, x, parts):
     n_p = (mc + TILE_P - 1) // TILE_P
     per = (n_p + parts - 1) // parts * TILE_P
     for g in prange((n_p * TILE_P + per - 1) // per):
-        _transpose_part(xt, x, g * per, min(mc, (g + 1) * per), 0, x.shape[1])
+        _transpose_part(xt, x, g * per, min(mc, (g + 1) * per), 0, x.shape[1], False)
 
 
 @njit(cache=True)
-def _transpose_part(xt, x, c0, c1, j0, j1):
-    """xt[j - j0, i] = x[i, j] for j0 <= j < j1 and c0 <= i < c1, zeros where i >= N."""
+def _transpose_part(xt, x, c0, c1, j0, j1, rows_outer):
+    """xt[j - j0, i] = x[i, j] for j0 <= j < j1 and c0 <= i < c1, zeros where i >= N.
+
+    rows_outer: the 16 x 16 blocks a band of 16 rows of x at a time (for a block of K whose
+    xt stays in L1: each row's loads then run along it, 64 x 784 in blocks of 128 columns
+    8.3 -> 4.4 us); else a band of 16 columns at a time (for all of xt, written to L2:
+    6.8 vs 7.7 us the other way)."""
     n, k = x.shape
     mc = xt.shape[1]
     xa, ta = np.int64(x.ctypes.data), np.int64(xt.ctypes.data)
     j16 = j0 + (j1 - j0) // 16 * 16
     r1 = max(c0, min(n, c1))  # rows of x in the part: c0..r1, then zero columns to c1
     w1 = c0 + (r1 - c0) // 16 * 16
-    for jb in range(j0, j16, 16):
+    if rows_outer:
         for i0 in range(c0, w1, 16):
-            _transpose16(xa + (i0 * k + jb) * 4, k * 4, ta + ((jb - j0) * mc + i0) * 4, mc * 4)
+            for jb in range(j0, j16, 16):
+                _transpose16(xa + (i0 * k + jb) * 4, k * 4, ta + ((jb - j0) * mc + i0) * 4, mc * 4)
+    else:
+        for jb in range(j0, j16, 16):
+            for i0 in range(c0, w1, 16):
+                _transpose16(xa + (i0 * k + jb) * 4, k * 4, ta + ((jb - j0) * mc + i0) * 4, mc * 4)
     for j in range(j0, j1):
         if j >= j16:
             for i in range(c0, w1):
@@ -602,7 +629,7 @@ def gemm_rows(c, w, x, xt, offs, o, m, ldc, b, epi):
         buf = xt[p]
         for k0 in range(0, k, kb):
             nk = min(kb, k - k0)
-            _transpose_part(buf, x, 0, m, k0, k0 + nk)
+            _transpose_part(buf, x, 0, m, k0, k0 + nk, True)
             # offs[k0] is k0 rows past the block's start: X's row 0 is that far before buf
             xb = np.int64(buf.ctypes.data) - k0 * m * 4
             _gemm_block(wa + k0 * 4, k, xb, oa + k0 * 8, nk, ca, ldc, k0, k0 + nk == k,

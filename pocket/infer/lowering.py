@@ -52,9 +52,11 @@ CHAIN_ROWS = max(FMA_LINEAR_ROWS, VNNI_TILE_ROWS)
 # core then reads all the weights for its 32-64 columns: mlp fp32 at batch 64 on 2 threads,
 # 128 x 256 weights: 22 -> 18-19 us; 256 x 784: 85 -> 115 us.
 PIXEL_SPLIT_WEIGHTS = 1 << 16
-# A linear from rows (not chained) on 2 to ROWS_COPIES threads transposes its input a block
+# A linear from rows (not chained) on up to ROWS_COPIES threads transposes its input a block
 # of K at a time in each thread, for its own channels (kernels_fma.gemm_rows): its scratch
-# holds that many blocks. (On one thread, transpose_in + gemm ran as fast: 189 vs 191 us.)
+# holds that many blocks. On one thread too: each block then goes from x in L2 to L1 and is
+# read there, where transpose_in wrote all of x.T to L2 first (mlp fp32 at batch 64, its
+# first linear: 160.5 -> ~156.5 us)
 ROWS_COPIES = 4
 
 
@@ -162,7 +164,7 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
         calls, own = [], None  # own: a copy of x.T for each thread (kernels_fma.gemm_rows)
         if _chained_input(eng, step, n):  # the previous linear left x.T here
             xt = eng._packed(node.inputs[0], np.float32, (k, cols))
-        elif 2 <= eng._threads <= d["copies"] and eng._parallel(4 * o * cols * k):
+        elif eng._threads == 1 or (eng._threads <= d["copies"] and eng._parallel(4 * o * cols * k)):
             own = eng._scratch(step, np.float32, (eng._threads, kfma.rows_block(cols, k), cols))
         else:
             xt = eng._scratch(step, np.float32, (k, cols))

@@ -34,6 +34,17 @@ def test_detection_opts_out(module, switch, env):
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, **env})
 
 
+def _at_line(shape, shift=0):
+    """Standard normal float32 of this shape starting `shift` floats past a cache line (the
+    GEMM's tile width depends on whether its rows of inputs start on one)."""
+    n = int(np.prod(shape))
+    buf = np.empty(n + 32, np.float32)
+    start = (-buf.ctypes.data) % 64 // 4 + shift
+    out = buf[start:start + n].reshape(shape)
+    out[...] = RNG.standard_normal(shape)
+    return out
+
+
 def _naive(w, rows):
     """sum over k of w[:, k] * rows[k] in float64."""
     return np.einsum("ok,km->om", w.astype(np.float64), rows.astype(np.float64))
@@ -41,17 +52,20 @@ def _naive(w, rows):
 
 @needs_fma
 @pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("shift", [0, 1])
 @pytest.mark.parametrize("nb,o,k,m", [(1, 1, 1, 32), (1, 7, 5, 64), (1, 8, 9, 16), (3, 9, 13, 96),
                                       (2, 17, 300, 48), (16, 24, 64, 160), (1, 64, 1, 32),
                                       (1, 5, 600, 80), (1, 33, 300, 96), (1, 9, 129, 560),
                                       (1, 12, 40, 96), (2, 18, 300, 160), (1, 130, 33, 112),
-                                      (3, 64, 64, 256), (1, 122, 5, 64)])
-def test_gemm_explicit_rows(nb, o, k, m, serial):
+                                      (3, 64, 64, 256), (1, 122, 5, 64), (1, 31, 70, 64),
+                                      (1, 41, 20, 128)])
+def test_gemm_explicit_rows(nb, o, k, m, shift, serial):
     """nb GEMMs on explicit (K, M) columns, the weights nb blocks apart; every channel tail
     (o % 8), half tiles (m % 32 == 16) and K longer than a cache block; wide tiles (pairs of
-    tiles, 6 channels: o = 12, 18, 130; 64 and 122 on these cache-aligned rows) beside single
-    and half ones; the parallel and serial twins alike."""
-    x = RNG.standard_normal((nb, k, m)).astype(np.float32)
+    tiles, 6 channels: o = 12, 18, 130; with rows on cache lines (shift 0) also 33, 64, 122,
+    31 and 41, whose last wide tile has 3, 4, 2, 1 and 5 channels) beside single and half
+    ones; the parallel and serial twins alike."""
+    x = _at_line((nb, k, m), shift)
     w = RNG.standard_normal((nb, o, k)).astype(np.float32)
     c = np.full((nb, o, m), np.nan, np.float32)
     fn = kfma.gemm.serial if serial else kfma.gemm
