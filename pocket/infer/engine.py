@@ -630,6 +630,8 @@ def _call_work(call: partial, spinning: bool = False) -> int:
     # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
     if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
+    if call.func is kfma.gemm_t:  # one GEMM of (o, K) @ (K, m)
+        return 4 * call.args[5] * call.args[6] * call.args[4].shape[0]
     if call.func is kfma.gemm_pixels:  # one GEMM of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[3].shape[0]
     if call.func is kfma.gemm_rows:  # the same (the transposes counted in)

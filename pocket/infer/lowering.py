@@ -188,8 +188,11 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
                     partial(kf.bias_act_cols, yt, n, d["b"], act, a["alpha"])]
         ldc = cols + _LINEAR_SKEW
         c = eng._scratch(step, np.float32, (o, ldc), d["rows_at"])
-        return [*calls, gemm(c, ldc, _EMPTY_F32, 0),
-                partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), a["alpha"])]
+        g = gemm(c, ldc, _EMPTY_F32, 0)
+        if g.func is kfma.gemm:  # the GEMM and its epilogue in one call
+            return [*calls, partial(kfma.gemm_t, y, c, w, xt, offs, o, cols, k, ldc, d["b"],
+                                    _act_code(a), a["alpha"])]
+        return [*calls, g, partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), a["alpha"])]
     if kfma.AVAILABLE:
         act = _act_code(a)
         epi = _register_epi(d["b"], act)

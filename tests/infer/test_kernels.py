@@ -105,7 +105,7 @@ def test_linear_fp32_routes_by_threads(threads, n, fp32_route):
     """Two chained linears from 16 rows on (AVX-512): the first, from rows, runs as gemm_rows
     (each core transposes x for itself, a block of K at a time; on 1 thread too) and the
     second, its weights small, on 2 threads as gemm_pixels (split along the rows, when there
-    are 2 tiles of them). The same results."""
+    are 2 tiles of them), else as gemm_t (with its transposing epilogue). The same results."""
     params = {"w1": RNG.standard_normal((300, 200)).astype(np.float32),
               "b1": RNG.standard_normal(300).astype(np.float32),
               "w2": RNG.standard_normal((37, 300)).astype(np.float32)}
@@ -122,6 +122,7 @@ def test_linear_fp32_routes_by_threads(threads, n, fp32_route):
         assert any(f.startswith("gemm_rows") for f in funcs), funcs
         assert not any(f.startswith("transpose_in") for f in funcs), funcs
         assert any(f.startswith("gemm_pixels") for f in funcs) == pixels, funcs
+        assert any(f.startswith("gemm_t") for f in funcs) == (not pixels), funcs
 
 
 @pytest.mark.parametrize("op,attrs", [("relu", {}), ("leaky_relu", {"alpha": 0.2}), ("sigmoid", {}),

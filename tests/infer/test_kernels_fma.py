@@ -117,6 +117,30 @@ def test_gemm_pixels(o, k, m, epi, parts, serial):
 
 @needs_fma
 @pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("act", ["none", "relu", "leaky_relu", "sigmoid"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("n,o,k", [(64, 10, 128), (16, 7, 300), (50, 33, 40), (100, 1, 9), (64, 130, 256)])
+def test_gemm_t(n, o, k, bias, act, serial):
+    """A linear's last GEMM on x.T's columns and its transposing epilogue in one call:
+    out (n, o) = act(x @ w.T + b), from c's columns past n (zeros here, as transpose_in
+    leaves them) nothing."""
+    m = kfma.tile_cols(n)
+    xt = np.zeros((k, m), np.float32)
+    xt[:, :n] = RNG.standard_normal((k, n))
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32) if bias else NO_BIAS
+    c = np.full((o, m + 8), np.nan, np.float32)
+    out = np.full((n, o), np.nan, np.float32)
+    fn = kfma.gemm_t.serial if serial else kfma.gemm_t
+    fn(out, c, w, xt, kfma.row_offsets(k, m), o, m, k, m + 8, b, kf.ACT[act], np.float32(0.2))
+    z = _naive(w, xt[:, :n]).T + (b if bias else 0)
+    want = {"none": z, "relu": np.maximum(z, 0), "leaky_relu": np.where(z > 0, z, 0.2 * z),
+            "sigmoid": 1 / (1 + np.exp(-z))}[act]
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+@needs_fma
+@pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize("parts", [1, 2, 3])
 @pytest.mark.parametrize("epi", [0, 1])
 @pytest.mark.parametrize("n,o,k", [(64, 256, 300), (17, 9, 33), (50, 17, 16), (40, 3, 129),
