@@ -100,15 +100,7 @@ def _make_tile(nv: int, nr: int = TILE_O):
                     out += [builder.call(fma, [wb, xs[v], accs[r * nv + v]]) for v in range(nv)]
                 return out
 
-            # NOTE: two steps an iteration: 256 x 784 @ 784 x 64 152.4 -> 151.6 us (the
-            # loop's exit, mispredicted once per tile and block of K, then comes half as late)
-            half = builder.sdiv(nk, _const(2))
-            final = _loop(builder, half, init,
-                          lambda i, accs: step(builder.add(builder.add(i, i), _const(1)),
-                                               step(builder.add(i, i), accs)))
-            last = builder.mul(half, _const(2))
-            final = _loop(builder, builder.sub(nk, last), final,
-                          lambda i, accs: step(builder.add(last, i), accs))
+            final = _loop(builder, nk, init, step)
 
             def store(epilogue):
                 for r in range(nr):
