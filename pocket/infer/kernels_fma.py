@@ -52,6 +52,8 @@ TILE_O, TILE_P = 8, 32  # a tile's channels and pixels; 16 accumulators leave ro
 WIDE_O = 6
 HALF_P = 16  # pixels of a half tile: a GEMM's last one, when its width is 16 past a multiple of 32
 BLOCK_K, GROUP_P = 256, 16  # cache blocking (see gemm): 512 pixels x 256 rows = 512 KiB
+# A GEMM whose weights pass this does not keep them in L2 from call to call (_block_k)
+STREAM_W_BYTES = 1 << 20
 # gemm_pool2_pitch's images (one group each) up to this many pixels: 256 rows of them fill
 # 1 MiB of L2 (cnn_mnist's first conv, 816 pixels at batch 1: gemm + pool 8.5 -> ~7 us)
 POOL_GROUP_MAX = 2 * GROUP_P * TILE_P
@@ -388,7 +390,7 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_
     g, ob = rest // n_o, (rest % n_o) * per_o
     xb, cb = xa + item * xs * 4, ca + (item * cs) * 4
     p0, p1 = g * gp, min(n_p, (g + 1) * gp)
-    kb = _block_k(p1 - p0, m, k)
+    kb = _block_k(p1 - p0, m, k, w.size * 4)
     for k0 in range(0, k, kb):
         nk = min(kb, k - k0)
         _gemm_block(wa + (item * ws + k0) * 4, ldw, xb, oa + k0 * 8, nk, cb, ldc, k0, k0 + nk == k,
@@ -396,14 +398,18 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_
 
 
 @njit(cache=True)
-def _block_k(tiles, m, k):
-    """The rows of inputs a GEMM takes at a time for a group of `tiles` pixel tiles.
+def _block_k(tiles, m, k, w_bytes):
+    """The rows of inputs a GEMM takes at a time for a group of `tiles` pixel tiles, its
+    weights w_bytes in all.
 
     NOTE: a group of at most 2 tiles (64 pixels) takes them by the half block: its
     BLOCK_K // 2 rows (32 KiB) then stay in L1 for all the channel tiles (mlp fp32 at batch
-    64 on one thread: 199 -> 194 us). One half tile (16 pixels) takes all of K at once: its
-    inputs stay in L2 anyway, and each weight row is then one long stream from memory."""
-    if m <= HALF_P:
+    64 on one thread: 199 -> 194 us), unless its weights pass STREAM_W_BYTES: they then come
+    from L3 or memory on every call, and all of K at once makes each weight row one long
+    stream, which the prefetchers follow (cnn_cifar fp32 at batch 1, its 8x8 convs on two
+    threads: 126 -> 119 and 245 -> 227 us; with 1.2 and 2.4 MB of weights). One half tile
+    (16 pixels) takes all of K at once too: its inputs stay in L2 anyway."""
+    if m <= HALF_P or (tiles <= 2 and w_bytes > STREAM_W_BYTES):
         return max(k, 1)
     return BLOCK_K // 2 if tiles <= 2 else BLOCK_K
 

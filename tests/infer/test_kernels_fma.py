@@ -58,13 +58,15 @@ def _naive(w, rows):
                                       (1, 5, 600, 80), (1, 33, 300, 96), (1, 9, 129, 560),
                                       (1, 12, 40, 96), (2, 18, 300, 160), (1, 130, 33, 112),
                                       (3, 64, 64, 256), (1, 122, 5, 64), (1, 31, 70, 64),
-                                      (1, 41, 20, 128)])
+                                      (1, 41, 20, 128), (2, 260, 600, 48)])
 def test_gemm_explicit_rows(nb, o, k, m, shift, serial):
     """nb GEMMs on explicit (K, M) columns, the weights nb blocks apart; every channel tail
     (o % 8), half tiles (m % 32 == 16) and K longer than a cache block; wide tiles (pairs of
     tiles, 6 channels: o = 12, 18, 130; with rows on cache lines (shift 0) also 33, 64, 122,
     31 and 41, whose last wide tile has 3, 4, 2, 1 and 5 channels) beside single and half
-    ones; the parallel and serial twins alike."""
+    ones; weights past STREAM_W_BYTES (2 x 260 x 600: all of K at once); the parallel and
+    serial twins alike."""
+    assert 2 * 260 * 600 * 4 > kfma.STREAM_W_BYTES
     x = _at_line((nb, k, m), shift)
     w = RNG.standard_normal((nb, o, k)).astype(np.float32)
     c = np.full((nb, o, m), np.nan, np.float32)
