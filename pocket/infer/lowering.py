@@ -180,10 +180,12 @@ def _b_linear(eng: Engine, step: int, node: Node, n: int) -> list:
         if step in eng._chained and n >= CHAIN_ROWS:  # y.T, for the next linear
             yt = eng._packed(node.outputs[0], np.float32, (o, cols))
             act = _act_code(a)
-            if d["b"].size and act in (0, 1):
+            epi = _register_epi(d["b"], act)
+            if epi is not None:
                 # bias and ReLU on the GEMM's tiles in registers; the columns past the rows
-                # get act(bias): finite, and the next GEMM's results there are never read
-                return [*calls, gemm(yt, cols, d["b"], 1 + act)]
+                # get act(bias) or the sums of finite inputs: finite, and the next GEMM's
+                # results there are never read
+                return [*calls, gemm(yt, cols, d["b"], epi)]
             return [*calls, gemm(yt, cols, _EMPTY_F32, 0),
                     partial(kf.bias_act_cols, yt, n, d["b"], act, a["alpha"])]
         ldc = cols + _LINEAR_SKEW
