@@ -3,6 +3,7 @@
     python bench/infer.py                                   # everything (several minutes)
     python bench/infer.py --quick                           # cnn_mnist, fewer repeats
     python bench/infer.py --models mlp,cnn_mnist --threads 2 --repeats 7
+    python bench/infer.py --against /path/to/old/checkout   # A/B: this tree vs another pocket
 
 Three reference models get random weights and a random calibration set, go through
 pocket.train (trace + checkpoint) and pocket.export (.bin and .onnx, fp32 and int8), and run:
@@ -15,6 +16,10 @@ pocket.train (trace + checkpoint) and pocket.export (.bin and .onnx, fp32 and in
   untimed run to warm the caches; wall time from spawn to the answer, median over repeats.
   pocket twice: with its compiled kernels from the first call, and interpreting first (the
   reference interpreter answers until Numba would have paid off; what `pocket infer` does).
+
+With --against, a second pocket tree (an older commit's checkout) runs as a third framework in
+the same interleaving, on the same .bin files, and each cell also reports pocket / that tree: how
+a change moved each cell, measured in one run on one machine state.
 
 Writes bench/results/infer.{json,md}; the ratio column is pocket / onnxruntime (lower wins).
 """
@@ -136,21 +141,25 @@ def latency_worker(args) -> None:
 def latency(args, threads: int) -> list[dict]:
     """Alternate pocket and onnxruntime workers repeat by repeat, so load drifts hit both."""
     per: dict[tuple, dict[str, list[float]]] = {}
+    frameworks = ("pocket", "base", "onnxruntime") if args.against else ("pocket", "onnxruntime")
     for _ in range(args.repeats):
         # NOTE: one process per model and precision, as one deployment runs one model: thread
         # pool settings are process-wide and the engine picks them from the first model it
         # plans (OpenMP spins briefly only when a plan has no BLAS call, see engine.py)
         for name in args.models:
             for prec in args.precisions:
-                for fw in ("pocket", "onnxruntime"):
-                    cmd = [sys.executable, __file__, "--worker", fw, "--threads", str(threads),
-                           "--models", name, "--precisions", prec,
-                           "--batches", ",".join(map(str, args.batches)), "--budget", str(args.budget)]
-                    out = subprocess.run(cmd, env=_env(threads), cwd=ROOT, check=True,
+                for fw in frameworks:
+                    # the base tree runs this same worker with its own package first on the path
+                    cmd = [sys.executable, __file__, "--worker", "onnxruntime" if fw == "onnxruntime"
+                           else "pocket", "--threads", str(threads), "--models", name,
+                           "--precisions", prec, "--batches", ",".join(map(str, args.batches)),
+                           "--budget", str(args.budget)]
+                    env = _env(threads, args.against if fw == "base" else ROOT)
+                    out = subprocess.run(cmd, env=env, cwd=ROOT, check=True,
                                          stdout=subprocess.PIPE, text=True).stdout
                     for r in json.loads(out.splitlines()[-1]):
                         key = (r["model"], r["precision"], r["batch"])
-                        per.setdefault(key, {"pocket": [], "onnxruntime": []})[fw].append(r["seconds"])
+                        per.setdefault(key, {f: [] for f in frameworks})[fw].append(r["seconds"])
     rows = []
     for (name, prec, batch), t in per.items():
         med = {k: statistics.median(v) for k, v in t.items()}
@@ -159,8 +168,13 @@ def latency(args, threads: int) -> list[dict]:
                      "ratio": med["pocket"] / med["onnxruntime"],
                      "pocket_repeats_ms": [v * 1e3 for v in t["pocket"]],
                      "ort_repeats_ms": [v * 1e3 for v in t["onnxruntime"]]})
+        vs = ""
+        if "base" in med:
+            rows[-1].update(base_ms=med["base"] * 1e3, vs_base=med["pocket"] / med["base"],
+                            base_repeats_ms=[v * 1e3 for v in t["base"]])
+            vs = f"  base {rows[-1]['base_ms']:.3f} ms  vs base x{rows[-1]['vs_base']:.3f}"
         print(f"  {name} {prec} b{batch} t{threads}: pocket {rows[-1]['pocket_ms']:.3f} ms  "
-              f"ort {rows[-1]['ort_ms']:.3f} ms  x{rows[-1]['ratio']:.2f}", file=sys.stderr,
+              f"ort {rows[-1]['ort_ms']:.3f} ms  x{rows[-1]['ratio']:.2f}{vs}", file=sys.stderr,
               flush=True)
     return rows
 
@@ -214,9 +228,9 @@ def start_times(name: str, prec: str, threads: int, repeats: int, env: dict) -> 
 # --------------------------------------------------------------------------- driver
 
 
-def _env(threads: int) -> dict:
+def _env(threads: int, tree: Path | str = ROOT) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         env[var] = str(threads)
     return env
@@ -230,14 +244,18 @@ def _load() -> str:
 
 
 def markdown(result: dict) -> str:
+    base = result.get("against")
     lines = [f"# Inference: pocket vs onnxruntime ({result['machine']})", "",
              f"Load average before/after: {result['load_before']} / {result['load_after']}. "
-             "Median over repeats; ratio = pocket / onnxruntime (lower is better).", "",
-             "| model | precision | batch | threads | pocket ms | onnxruntime ms | ratio |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "Median over repeats; ratio = pocket / onnxruntime (lower is better)."
+             + (f" Base: the pocket tree at {base}, interleaved in the same run." if base else ""), "",
+             "| model | precision | batch | threads | pocket ms | onnxruntime ms | ratio |"
+             + (" base ms | pocket / base |" if base else ""),
+             "|---|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if base else "")]
     for r in result["latency"]:
         lines.append(f"| {r['model']} | {r['precision']} | {r['batch']} | {r['threads']} | "
-                     f"{r['pocket_ms']:.3f} | {r['ort_ms']:.3f} | {r['ratio']:.2f} |")
+                     f"{r['pocket_ms']:.3f} | {r['ort_ms']:.3f} | {r['ratio']:.2f} |"
+                     + (f" {r['base_ms']:.3f} | {r['vs_base']:.3f} |" if base else ""))
     if result["start"]:
         lines += ["", "Warm-cache start (fresh process: import, load, first batch-1 answer); "
                   "kernels: Engine(path), the compiled kernels from the first call; interpret "
@@ -263,6 +281,8 @@ def main() -> None:
     ap.add_argument("--start-repeats", type=int, default=5)
     ap.add_argument("--no-start", action="store_true", help="skip the warm-start measurement")
     ap.add_argument("--quick", action="store_true", help="cnn_mnist, 3 repeats, short budgets")
+    ap.add_argument("--against", metavar="TREE",
+                    help="another pocket checkout, timed interleaved as a third framework")
     ap.add_argument("--worker", choices=("pocket", "onnxruntime"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
@@ -278,11 +298,13 @@ def main() -> None:
         latency_worker(args)
         return
     threads = [int(t) for t in args.threads.split(",")]
+    if args.against and not (Path(args.against) / "pocket" / "infer").is_dir():
+        ap.error(f"--against {args.against}: not a pocket checkout (no pocket/infer there)")
     for name in args.models:  # build once, outside the timed workers
         build(name, RESULTS / "models")
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
                          f"{platform.python_version()}", "load_before": _load(),
-              "latency": [], "start": []}
+              "latency": [], "start": [], "against": args.against}
     for t in threads:
         result["latency"] += latency(args, t)
     if not args.no_start:
