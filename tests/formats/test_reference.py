@@ -53,6 +53,9 @@ CONV_CASES = [  # (N, C, H, W, O, kh, kw, stride, padding, dilation, groups)
     (2, 4, 7, 8, 4, 2, 3, [2, 1], [1, 0], [1, 2], 2),
     (1, 3, 9, 9, 6, 3, 3, [2, 2], [2, 1], [2, 1], 3),
     (3, 2, 4, 4, 2, 3, 3, [1, 1], [1, 1], [1, 1], 2),
+    (2, 6, 7, 5, 6, 3, 3, [2, 1], [3, 2], [1, 1], 6),  # depthwise, padding past the kernel
+    (1, 4, 6, 6, 8, 3, 3, [1, 1], [1, 3], [1, 1], 1),  # padding past the kernel's reach
+    (2, 4, 5, 6, 8, 5, 1, [1, 2], [2, 0], [1, 1], 4),  # 2 outputs per group
 ]
 
 
