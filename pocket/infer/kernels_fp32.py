@@ -20,9 +20,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from pocket.formats import ops
 from pocket.infer.jit import kernel
 
-ACT = {"none": 0, "relu": 1, "leaky_relu": 2, "sigmoid": 3, "tanh": 4, "gelu": 5, "gelu_tanh": 6}
+ACT = ops.activation_codes()  # name -> code, each op's Fusion.code in pocket/formats/ops.py
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -341,7 +342,7 @@ def copy_cols(out, x, start):
             out[i, start + j] = x[i, j]
 
 
-MONOTONE_ACTS = (0, 1, 2, 3, 4)  # non-decreasing (leaky_relu with alpha >= 0): pool commutes
+MONOTONE_ACTS = ops.monotone_codes()  # non-decreasing (leaky_relu: alpha >= 0): pool commutes
 
 
 @kernel
