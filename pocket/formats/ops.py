@@ -391,6 +391,10 @@ _ACTIVATIONS = [
     Op("gelu", 1, 1, {"approximate": Attr("str", "none", ("none", "tanh"))}, infer_unary_f32,
        "x * Phi(x) (erf), or its tanh approximation; only the erf form fuses",
        Fusion(5, False, variant_codes={"gelu_tanh": 6}), INT8_F32),
+    Op("hardswish", 1, 1, {}, infer_unary_f32, "x * relu6(x + 3) / 6 (PyTorch's hardswish)",
+       Fusion(7, False), INT8_F32, Onnx("HardSwish")),
+    Op("hardsigmoid", 1, 1, {}, infer_unary_f32, "relu6(x + 3) / 6 (PyTorch's hardsigmoid)",
+       Fusion(8, True), INT8_F32, Onnx("HardSigmoid", {"alpha": 1.0 / 6.0, "beta": 0.5})),
 ]
 # What conv2d/linear's `activation` attr may hold.
 FUSED = ("none", *(op.name for op in _ACTIVATIONS))

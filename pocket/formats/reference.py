@@ -93,6 +93,16 @@ def gelu(x, a):
     return _gelu64(x, a.get("approximate", "none"))
 
 
+@_elementwise("hardswish")
+def hardswish(x, a):
+    return x * np.clip(x + 3.0, 0.0, 6.0) / 6.0
+
+
+@_elementwise("hardsigmoid")
+def hardsigmoid(x, a):
+    return np.clip(x + 3.0, 0.0, 6.0) / 6.0
+
+
 def _activate64(x: np.ndarray, a: Mapping[str, Any]) -> np.ndarray:
     """x float64 -> float64 through the fused activation of conv2d/linear attrs `a`."""
     act = a.get("activation", "none")

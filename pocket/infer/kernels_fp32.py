@@ -33,7 +33,7 @@ _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 def activate(v, act, alpha):
     """One float64 value through activation code `act`; float64 so float32 rounds once."""
     if act == 1:
-        return v if v > 0.0 else 0.0
+        return 0.0 if v < 0.0 else v  # NaN stays NaN, as in formats/reference.py
     if act == 2:
         return v if v >= 0.0 else alpha * v
     if act == 3:
@@ -44,6 +44,11 @@ def activate(v, act, alpha):
         return 0.5 * v * (1.0 + math.erf(v * _INV_SQRT2))
     if act == 6:
         return 0.5 * v * (1.0 + math.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)))
+    if act == 7 or act == 8:
+        # relu6(v + 3), NaN kept; then the reference's order of operations, so bit for bit
+        t = v + 3.0
+        t = 0.0 if t < 0.0 else (6.0 if t > 6.0 else t)
+        return v * t / 6.0 if act == 7 else t / 6.0
     return v
 
 

@@ -336,6 +336,24 @@ class Tanh(Elementwise):
         return F.tanh(x)
 
 
+class Hardswish(Elementwise):
+    """x * relu6(x + 3) / 6; Howard et al., 2019 (MobileNetV3)."""
+
+    op = "hardswish"
+
+    def forward(self, x):
+        return F.hardswish(x)
+
+
+class Hardsigmoid(Elementwise):
+    """relu6(x + 3) / 6; Howard et al., 2019 (MobileNetV3)."""
+
+    op = "hardsigmoid"
+
+    def forward(self, x):
+        return F.hardsigmoid(x)
+
+
 class GELU(Elementwise):
     op = "gelu"
 
