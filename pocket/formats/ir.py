@@ -182,6 +182,15 @@ class Graph:
         if not self.outputs:
             raise FormatError("graph.outputs: a graph needs at least one output")
         _check_metadata(self.metadata)
+        for name, v in self.inputs.items():
+            # NOTE: every op reads axis 0 as the batch, and a size-0 input has nothing to run:
+            # refused here, named, instead of an IndexError or a zero loop step further on.
+            if not v.shape:
+                raise FormatError(f"graph.inputs['{name}'].shape: an input needs a batch axis "
+                                  "first, e.g. [\"N\", 3, 32, 32]; got []")
+            if any(isinstance(d, int) and d < 1 for d in v.shape):
+                raise FormatError(f"graph.inputs['{name}'].shape: every size must be at least "
+                                  f"1, got {list(v.shape)}")
         both = sorted(set(self.inputs) & set(self.params))
         if both:
             raise FormatError(f"graph: '{both[0]}' is both an input and a param")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pocket.formats.errors import FormatError
+from pocket.formats.quant import SCALE_RULE, is_scale
 
 SLOTS = ("reference", "train", "trace", "onnx_export", "onnx_import", "engine")
 
@@ -54,7 +55,9 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class Attr:
-    kind: str  # "int", "float", "bool", "str", "ints2" (pair of ints), "ints" (list of ints)
+    # "int", "float", "bool", "str", "ints2" (pair of ints), "ints" (list of ints), "scale" (a
+    # quantization scale: quant.is_scale, a positive finite normal float32)
+    kind: str
     default: Any = _MISSING
     choices: tuple = ()
 
@@ -71,7 +74,7 @@ def check_attr(where: str, name: str, spec: Attr, value: Any) -> Any:
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         return FormatError(f"{where}: attribute '{name}' {what}, got {shown}")
 
-    if spec.kind == "float":
+    if spec.kind in ("float", "scale"):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise bad("must be a number")
         try:
@@ -80,6 +83,8 @@ def check_attr(where: str, name: str, spec: Attr, value: Any) -> Any:
             raise bad("must be finite") from None
         if not math.isfinite(value):
             raise bad("must be finite")
+        if spec.kind == "scale" and not is_scale(value):
+            raise bad(f"must be {SCALE_RULE}")
     elif spec.kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad("must be an integer")
@@ -371,13 +376,13 @@ class Op:
 
 
 _INT8 = {
-    "x_scale": Attr("float", None),
+    "x_scale": Attr("scale", None),
     "x_zero_point": Attr("int", None),
-    "y_scale": Attr("float", None),
+    "y_scale": Attr("scale", None),
     "y_zero_point": Attr("int", None),
 }
 _POOL = {"kernel": Attr("ints2"), "stride": Attr("ints2", None), "padding": Attr("ints2", [0, 0])}
-_QDQ = {"scale": Attr("float"), "zero_point": Attr("int")}
+_QDQ = {"scale": Attr("scale"), "zero_point": Attr("int")}
 
 _ACTIVATIONS = [
     Op("relu", 1, 1, {}, infer_unary_f32, "max(x, 0); NaN stays NaN",
