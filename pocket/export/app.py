@@ -12,21 +12,21 @@ from pathlib import Path
 
 import numpy as np
 
+from pocket.export import onnx_export  # noqa: F401 - registers the ONNX mapping of every op
 from pocket.export.errors import ExportError
 from pocket.export.quantize import DEFAULT_CALIB_SAMPLES, DEFAULT_MAX_LAYER_ERROR, quantize_graph
 from pocket.export.transforms import optimize
+from pocket.formats import ops, reference
 from pocket.formats import quant as Q
-from pocket.formats import reference
 from pocket.formats.container import HEADER_SIZE, decode_header, read_container, write_container
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Graph
 
 FORMATS = ("bin", "onnx")
-# The ops both writers handle (the ONNX mapping is the narrower one); anything else is refused
-# before any work, naming the node.
-SUPPORTED = ("add", "avgpool2d", "batchnorm", "concat", "conv2d", "dropout", "flatten", "gelu",
-             "global_avgpool", "leaky_relu", "linear", "maxpool2d", "relu", "reshape", "sigmoid",
-             "softmax", "tanh")
+# The ops of a checkpoint both writers handle (the ONNX mapping is the narrower one); anything
+# else is refused before any work, naming the node.
+SUPPORTED = tuple(sorted(n for n, op in ops.OPS.items()
+                         if op.trainable and "onnx_export" in op.impls))
 CHECK_SAMPLES = 64  # samples used to check the fp32 transforms against the checkpoint graph
 
 

@@ -11,8 +11,8 @@ int8 follows the QDQ convention onnxruntime fuses into integer kernels:
     int8 conv2d/linear  -> DequantizeLinear(x_q), DequantizeLinear(w_q, per-axis scale, axis 0),
                            DequantizeLinear(b_q int32, scale x_scale * w_scale, axis 0)
                            -> Conv/Gemm -> [Relu] -> [QuantizeLinear(y) when the node has y_scale]
-    int8 maxpool2d, flatten, reshape
-                        -> DequantizeLinear -> MaxPool/Flatten/Reshape -> QuantizeLinear, with the
+    int8 maxpool2d, flatten, reshape, dropout (the ops that pass int8 through)
+                        -> DequantizeLinear -> MaxPool/Flatten/Reshape/Identity -> QuantizeLinear, with the
                            qparams of the int8 input on both sides: exact (max commutes with a
                            monotone quantizer), and the form onnxruntime recognizes. An int8
                            MaxPool/Flatten straight on the Q output runs too, but then onnxruntime
@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from pocket.export.errors import ExportError
+from pocket.formats import ops
 from pocket.formats.ir import Graph, Node
 
 OPSET = 17
@@ -78,45 +79,45 @@ class _Builder:
         return output
 
 
-# --------------------------------------------------------------------------- activations
+# --------------------------------------------------------------------------- one-node ops
 
 
-def _activation(b: _Builder, x: str, out: str, name: str, act: str, alpha: float = 0.01,
-                approximate: str = "none") -> str:
-    """out = act(x); gelu expands, since opset 17 has no Gelu."""
-    if act == "relu":
-        return b.node("Relu", [x], out, name)
-    if act == "leaky_relu":
-        return b.node("LeakyRelu", [x], out, name, alpha=float(alpha))
-    if act == "sigmoid":
-        return b.node("Sigmoid", [x], out, name)
-    if act == "tanh":
-        return b.node("Tanh", [x], out, name)
-    if act == "gelu":
-        f = np.float32
-        if approximate == "tanh":
-            # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-            x3 = b.node("Mul", [b.node("Mul", [x, x], f"{name}/x2", f"{name}/x2"), x],
-                        f"{name}/x3", f"{name}/x3")
-            inner = b.node("Add", [x, b.node("Mul", [x3, b.const(f"{name}.c", f(0.044715))],
-                                             f"{name}/cx3", f"{name}/cx3")],
-                           f"{name}/inner", f"{name}/inner")
-            t = b.node("Tanh", [b.node("Mul", [inner, b.const(f"{name}.k",
-                                                               f(math.sqrt(2 / math.pi)))],
-                                       f"{name}/kin", f"{name}/kin")], f"{name}/t", f"{name}/t")
-        else:
-            # 0.5 x (1 + erf(x / sqrt(2)))
-            t = b.node("Erf", [b.node("Div", [x, b.const(f"{name}.sqrt2", f(math.sqrt(2)))],
-                                      f"{name}/xs", f"{name}/xs")], f"{name}/t", f"{name}/t")
-        one = b.node("Add", [t, b.const(f"{name}.one", f(1))], f"{name}/1t", f"{name}/1t")
-        half_x = b.node("Mul", [x, b.const(f"{name}.half", f(0.5))], f"{name}/hx", f"{name}/hx")
-        return b.node("Mul", [half_x, one], out, name)
-    raise AssertionError(f"unknown activation {act}")
+def _single(b: _Builder, n: Node) -> None:
+    """An op whose registry entry maps it to one ONNX node (`ops.Onnx`)."""
+    m = ops.OPS[n.op].onnx
+    attrs = {**m.attrs, **{k: n.attrs[v] for k, v in m.from_attrs.items()}}
+    attrs = {k: float(v) if isinstance(v, float) else v for k, v in attrs.items()}
+    b.node(m.op_type, list(n.inputs), n.outputs[0], n.name, **attrs)
 
 
-def _activation_node(b: _Builder, n: Node) -> None:
-    _activation(b, n.inputs[0], n.outputs[0], n.name, n.op, n.attrs.get("alpha", 0.01),
-                n.attrs.get("approximate", "none"))
+def _activation(b: _Builder, x: str, out: str, name: str, a: dict) -> str:
+    """out = the activation a conv2d/linear with attrs `a` fuses, as that op's own export."""
+    act = a["activation"]
+    node = Node(name, act, [x], [out], {k: a[k] for k in ops.OPS[act].fusion.attrs})
+    ops.impl("onnx_export", act)(b, node)
+    return out
+
+
+def _gelu(b: _Builder, n: Node) -> None:
+    """0.5 x (1 + erf(x / sqrt(2))) or its tanh form, expanded: opset 17 has no Gelu."""
+    x, out, name = n.inputs[0], n.outputs[0], n.name
+    f = np.float32
+    if n.attrs.get("approximate", "none") == "tanh":
+        # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        x3 = b.node("Mul", [b.node("Mul", [x, x], f"{name}/x2", f"{name}/x2"), x],
+                    f"{name}/x3", f"{name}/x3")
+        inner = b.node("Add", [x, b.node("Mul", [x3, b.const(f"{name}.c", f(0.044715))],
+                                         f"{name}/cx3", f"{name}/cx3")],
+                       f"{name}/inner", f"{name}/inner")
+        t = b.node("Tanh", [b.node("Mul", [inner, b.const(f"{name}.k",
+                                                           f(math.sqrt(2 / math.pi)))],
+                                   f"{name}/kin", f"{name}/kin")], f"{name}/t", f"{name}/t")
+    else:
+        t = b.node("Erf", [b.node("Div", [x, b.const(f"{name}.sqrt2", f(math.sqrt(2)))],
+                                  f"{name}/xs", f"{name}/xs")], f"{name}/t", f"{name}/t")
+    one = b.node("Add", [t, b.const(f"{name}.one", f(1))], f"{name}/1t", f"{name}/1t")
+    half_x = b.node("Mul", [x, b.const(f"{name}.half", f(0.5))], f"{name}/hx", f"{name}/hx")
+    b.node("Mul", [half_x, one], out, name)
 
 
 # --------------------------------------------------------------------------- conv and linear
@@ -166,7 +167,7 @@ def _layer(onnx_op: str, attrs_of: Callable[[_Builder, Node], dict]) -> Callable
         b.node(onnx_op, [x, *_weights(b, n)], y, n.name, **attrs_of(b, n))
         if act != "none":
             y = _activation(b, y, f"{n.name}/act" if requant else n.outputs[0], f"{n.name}/act",
-                            act, a.get("alpha", 0.01))
+                            a)
         if requant:
             b.node("QuantizeLinear",
                    [y, *_qparams(b, f"{n.name}.y", a["y_scale"], a["y_zero_point"])],
@@ -204,15 +205,6 @@ def _reshape(b: _Builder, n: Node) -> None:
     b.node("Reshape", [n.inputs[0], shape], n.outputs[0], n.name)
 
 
-def _simple(onnx_op: str, **fixed) -> Callable:
-    def emit(b: _Builder, n: Node) -> None:
-        attrs = dict(fixed)
-        if "axis" in n.attrs:
-            attrs["axis"] = n.attrs["axis"]
-        b.node(onnx_op, list(n.inputs), n.outputs[0], n.name, **attrs)
-    return emit
-
-
 def _qdq(onnx_op: str) -> Callable:
     def emit(b: _Builder, n: Node) -> None:
         b.node(onnx_op, [n.inputs[0], *_qparams(b, n.name, n.attrs["scale"], n.attrs["zero_point"])],
@@ -220,27 +212,19 @@ def _qdq(onnx_op: str) -> Callable:
     return emit
 
 
-ONNX_OPS: dict[str, Callable[[_Builder, Node], None]] = {
+ops.register_table("onnx_export", {
     "conv2d": _layer("Conv", _conv_attrs),
     "linear": _layer("Gemm", lambda b, n: {"transB": 1}),
     "batchnorm": _batchnorm,
-    "relu": _activation_node,
-    "leaky_relu": _activation_node,
-    "sigmoid": _activation_node,
-    "tanh": _activation_node,
-    "gelu": _activation_node,
+    "gelu": _gelu,
     "maxpool2d": _pool("MaxPool"),
     "avgpool2d": _pool("AveragePool"),
-    "global_avgpool": _simple("GlobalAveragePool"),
-    "flatten": _simple("Flatten", axis=1),
     "reshape": _reshape,
-    "add": _simple("Add"),
-    "concat": _simple("Concat"),
-    "dropout": _simple("Identity"),
-    "softmax": _simple("Softmax"),
     "quantize": _qdq("QuantizeLinear"),
     "dequantize": _qdq("DequantizeLinear"),
-}
+})
+ops.register_table("onnx_export", {n: _single for n, op in ops.OPS.items() if op.onnx is not None})
+ONNX_OPS: dict[str, Callable[[_Builder, Node], None]] = ops.implementations("onnx_export")
 
 _ELEM = {"f32": "FLOAT", "f16": "FLOAT16", "i8": "INT8", "u8": "UINT8", "i32": "INT32",
          "i64": "INT64"}
@@ -252,30 +236,30 @@ def to_onnx(graph: Graph, params: Mapping[str, np.ndarray],
     onnx = _onnx()
     helper = onnx.helper
     infos = graph.validate()
+    emit = ops.implementations("onnx_export")
     for n in graph.nodes:
-        if n.op not in ONNX_OPS:
+        if n.op not in emit:
             raise ExportError(f"node '{n.name}' (op '{n.op}'): the ONNX export cannot handle this "
-                              f"op yet; supported: {', '.join(sorted(ONNX_OPS))}")
+                              f"op yet; supported: {', '.join(sorted(emit))}")
     b = _Builder(graph, params, quant)
     for n in graph.nodes:
         x = n.inputs[0]
-        if n.op in ("maxpool2d", "flatten", "reshape") and x in b.qparams:
+        policy = ops.OPS[n.op].int8
+        if policy == ops.INT8_PASS and x in b.qparams:
             qp = b.qparams[x]
             inner = Node(n.name, n.op, [f"{n.name}/x"], [f"{n.name}/y"], n.attrs)
             b.node("DequantizeLinear", [x, *_qparams(b, f"{n.name}.x", *qp)], inner.inputs[0],
                    f"{n.name}/x_dq")
-            ONNX_OPS[n.op](b, inner)
+            emit[n.op](b, inner)
             b.node("QuantizeLinear", [inner.outputs[0], *_qparams(b, f"{n.name}.y", *qp)],
                    n.outputs[0], f"{n.name}/y_q")
             b.qparams[n.outputs[0]] = qp
             continue
-        ONNX_OPS[n.op](b, n)
+        emit[n.op](b, n)
         if n.op == "quantize":
             b.qparams[n.outputs[0]] = (n.attrs["scale"], n.attrs["zero_point"])
-        elif n.op in ("conv2d", "linear") and "y_scale" in n.attrs:
+        elif policy == ops.INT8_LAYER and "y_scale" in n.attrs:
             b.qparams[n.outputs[0]] = (n.attrs["y_scale"], n.attrs["y_zero_point"])
-        elif n.op == "dropout" and x in b.qparams:
-            b.qparams[n.outputs[0]] = b.qparams[x]
 
     def value_info(name: str):
         v = infos[name]

@@ -2,11 +2,13 @@
 
 1. Calibrate: run the fp32 graph through the reference interpreter on calibration samples and
    record each value's range (min/max, or a percentile to ignore rare outliers).
-2. Plan: every conv2d/linear whose fused activation is none or relu is a candidate. A value is
-   kept in int8 when every reader consumes int8 (an int8 conv/linear, or maxpool2d / flatten /
-   reshape / dropout whose own output is kept in int8) and it is not a graph output; an int8
-   layer then writes int8 (`y_scale`) and everything else reads f32 (an int8 layer without
-   `y_scale` writes f32 itself, so no separate dequantize is needed on those edges).
+2. Plan: every int8 layer op (conv2d/linear, by their int8 policy in `pocket.formats.ops`)
+   whose fused activation is none or one that fuses into int8 (relu) is a candidate. A value is
+   kept in int8 when every reader consumes int8 (an int8 layer, or an op that passes int8
+   through, such as maxpool2d / flatten / reshape / dropout, whose own output is kept in int8)
+   and it is not a graph output; an int8 layer then writes int8 (`y_scale`) and everything
+   else reads f32 (an int8 layer without `y_scale` writes f32 itself, so no separate
+   dequantize is needed on those edges).
 3. Guard: quantize each candidate alone (its input quantized, its output requantized when the
    plan says so) and compare with the fp32 layer on the calibration samples. A layer whose error
    exceeds `max_layer_error` stays fp32; the plan is then made again without it.
@@ -29,12 +31,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pocket.export.transforms import DTYPE_NAMES, consumers
+from pocket.formats import ops, reference
 from pocket.formats import quant as Q
-from pocket.formats import reference
 from pocket.formats.ir import Graph, Node, ValueInfo
 
-LAYERS = ("conv2d", "linear")
-PASSTHROUGH = ("maxpool2d", "flatten", "reshape", "dropout")
+LAYERS = ops.with_int8(ops.INT8_LAYER)
+PASSTHROUGH = ops.with_int8(ops.INT8_PASS)
 DEFAULT_CALIB_SAMPLES = 256
 DEFAULT_MAX_LAYER_ERROR = 0.2  # relative RMS error per channel (about 14 dB)
 CHANNEL_FLOOR = 0.01
@@ -126,8 +128,9 @@ def _candidates(graph: Graph) -> tuple[set[str], dict[str, str]]:
         if n.op not in LAYERS:
             continue
         act = n.attrs.get("activation", "none")
-        if act not in ("none", "relu"):
-            why[n.name] = f"fused activation '{act}' has no int8 form (only relu fuses into int8)"
+        if not ops.int8_fuses(act):
+            why[n.name] = (f"fused activation '{act}' has no int8 form (only "
+                           f"{', '.join(ops.with_int8(ops.INT8_FUSE))} fuses into int8)")
         else:
             ok.add(n.name)
     return ok, why

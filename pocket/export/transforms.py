@@ -18,9 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pocket.formats import ops
 from pocket.formats.ir import Graph, Node, ValueInfo
-
-FUSABLE = ("relu", "leaky_relu", "sigmoid", "tanh", "gelu")
 
 
 class Rewrite(NamedTuple):
@@ -160,22 +159,22 @@ def fold_batchnorm(graph: Graph, params: Mapping[str, np.ndarray]) -> Rewrite:
 
 
 def fuse_activations(graph: Graph, params: Mapping[str, np.ndarray]) -> Rewrite:
-    """Move an activation node into the `activation` attr of the conv2d/linear it reads."""
+    """Move an activation node into the `activation` attr of the conv2d/linear it reads.
+
+    The registry says which ops fuse and which of their attrs travel (`ops.fusable`); one whose
+    other attrs are not at their defaults (gelu's tanh approximation) stays a node.
+    """
     g = _copy(graph)
     uses = consumers(g)
     made = producers(g)
     count = 0
-    for act in [n for n in g.nodes if n.op in FUSABLE]:
+    for act in [n for n in g.nodes if ops.fusable(n)]:
         prod = made.get(act.inputs[0])
-        if (prod is None or prod.op not in ("conv2d", "linear")
+        if (prod is None or "activation" not in ops.OPS[prod.op].attrs
                 or prod.attrs.get("activation", "none") != "none"
-                or _sole_reader(g, uses, act.inputs[0]) is not act
-                # The fused gelu is the exact (erf) one; the tanh approximation stays a node.
-                or (act.op == "gelu" and act.attrs.get("approximate", "none") != "none")):
+                or _sole_reader(g, uses, act.inputs[0]) is not act):
             continue
-        prod.attrs["activation"] = act.op
-        if act.op == "leaky_relu":
-            prod.attrs["alpha"] = act.attrs["alpha"]
+        prod.attrs.update(ops.fused_attrs(act))
         g.nodes.remove(act)
         prod.outputs = list(act.outputs)
         count += 1

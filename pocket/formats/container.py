@@ -75,6 +75,7 @@ import numpy as np
 
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import DTYPES, Graph
+from pocket.formats.quant import SCALE_RULE, is_scale
 
 FORMAT_NAME = "pocket"
 FORMAT_VERSION = (1, 0)
@@ -308,8 +309,8 @@ def check_quant(where: str, q: Any, dtype: str, shape: tuple[int, ...]) -> dict:
             raise FormatError(f"{where}.{key}: must be a list of {n} values "
                               f"({'per tensor' if axis is None else f'size of axis {axis}'})")
     for i, s in enumerate(scale):
-        if isinstance(s, bool) or not isinstance(s, int | float) or not (math.isfinite(s) and s > 0):
-            raise FormatError(f"{where}.scale[{i}]: must be a positive finite number, got {_short(s)}")
+        if isinstance(s, bool) or not isinstance(s, int | float) or not is_scale(s):
+            raise FormatError(f"{where}.scale[{i}]: must be {SCALE_RULE}, got {_short(s)}")
     lo, hi = QUANT_RANGES[dtype]
     for i, z in enumerate(zp):
         _uint(f"{where}.zero_point[{i}]", z, hi, lo)
@@ -601,8 +602,9 @@ def _norm_quant(name: str, q: Any, dtype: str, shape: tuple[int, ...]) -> dict:
     try:
         if "scale" in q:
             # Shortest float32 decimal: quant tables are a visible part of an int8 file's size.
-            q["scale"] = [float(str(s)) for s in
-                          np.ravel(np.asarray(q["scale"], dtype=np.float64)).astype(np.float32)]
+            with np.errstate(over="ignore"):  # an overflowing scale is refused below, by name
+                q["scale"] = [float(str(s)) for s in np.ravel(
+                    np.asarray(q["scale"], dtype=np.float64)).astype(np.float32)]
         if "zero_point" in q:
             zp = np.ravel(np.asarray(q["zero_point"]))
             if zp.size and zp.dtype.kind not in "iu":

@@ -18,78 +18,25 @@ regions; a `conv2d` or `linear` node whose attrs carry `x_scale` reads an int8 a
 int8 weights (per output channel, symmetric) and an int32 bias, and writes int8 when it also
 carries `y_scale`, else f32. `maxpool2d`, `flatten`, `reshape` and `dropout` pass int8 through.
 The exact arithmetic is in `pocket.formats.quant` and `pocket.formats.reference`.
+
+Each op's schema (attrs, shape inference) lives in its entry in `pocket.formats.ops`; this
+module holds the values, nodes and graphs and the validation walk over them.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pocket.formats.errors import FormatError
+from pocket.formats.ops import OPS, Dim, Shape, normalize_attrs
+
+__all__ = ["DTYPES", "OPS", "TASKS", "Dim", "Graph", "Node", "Shape", "ValueInfo",
+           "make_metadata", "normalize_attrs"]
 
 DTYPES = ("f32", "f16", "i8", "u8", "i32", "i64")
-ACTIVATIONS = ("none", "relu", "leaky_relu", "sigmoid", "tanh", "gelu")
 TASKS = ("classification", "regression")
-Dim = int | str
-Shape = tuple[Dim, ...]
-
-# --------------------------------------------------------------------------- attribute schema
-
-_MISSING = object()
-
-
-@dataclass(frozen=True)
-class Attr:
-    kind: str  # "int", "float", "bool", "str", "ints2" (pair of ints), "ints" (list of ints)
-    default: Any = _MISSING
-    choices: tuple = ()
-
-    @property
-    def required(self) -> bool:
-        return self.default is _MISSING
-
-
-def _check_attr(where: str, name: str, spec: Attr, value: Any) -> Any:
-    def bad(what: str) -> FormatError:
-        shown = repr(value)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        return FormatError(f"{where}: attribute '{name}' {what}, got {shown}")
-
-    if spec.kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("must be an integer")
-    elif spec.kind == "float":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad("must be a number")
-        try:
-            value = float(value)
-        except OverflowError:
-            raise bad("must be finite") from None
-        if not math.isfinite(value):
-            raise bad("must be finite")
-    elif spec.kind == "bool":
-        if not isinstance(value, bool):
-            raise bad("must be true or false")
-    elif spec.kind == "str":
-        if not isinstance(value, str):
-            raise bad("must be a string")
-    elif spec.kind in ("ints2", "ints"):
-        if isinstance(value, int) and not isinstance(value, bool) and spec.kind == "ints2":
-            value = [value, value]
-        if not isinstance(value, list | tuple) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        ):
-            raise bad("must be a list of integers")
-        if spec.kind == "ints2" and len(value) != 2:
-            raise bad("must be two integers [height, width]")
-        value = [int(v) for v in value]
-    if spec.choices and value not in spec.choices:
-        raise bad(f"must be one of {', '.join(map(str, spec.choices))}")
-    return value
-
 
 # --------------------------------------------------------------------------- values and nodes
 
@@ -121,315 +68,6 @@ class Node:
             "outputs": list(self.outputs),
             "attrs": dict(self.attrs),
         }
-
-
-# --------------------------------------------------------------------------- shape inference
-# Each rule takes (node, input infos, where) and returns the output infos. Dims may be symbols;
-# arithmetic on a symbol yields the symbol only where the dim passes through unchanged.
-
-
-def _is_int8_node(node: Node) -> bool:
-    return "x_scale" in node.attrs
-
-
-def _need(cond: bool, where: str, what: str) -> None:
-    if not cond:
-        raise FormatError(f"{where}: {what}")
-
-
-def _out_dtype(node: Node) -> str:
-    if _is_int8_node(node):
-        return "i8" if "y_scale" in node.attrs else "f32"
-    return "f32"
-
-
-def _check_x_dtype(node: Node, x: ValueInfo, where: str) -> None:
-    want = "i8" if _is_int8_node(node) else "f32"
-    _need(x.dtype == want, where, f"input '{node.inputs[0]}' must be {want}, got {x.dtype}")
-
-
-def _check_weights(node: Node, ins: list[ValueInfo], where: str, out_features: int) -> None:
-    w = ins[1]
-    int8 = _is_int8_node(node)
-    _need(w.dtype == ("i8" if int8 else "f32"), where,
-          f"weight '{node.inputs[1]}' must be {'i8' if int8 else 'f32'}, got {w.dtype}")
-    if len(ins) > 2:
-        b = ins[2]
-        _need(b.dtype == ("i32" if int8 else "f32"), where,
-              f"bias '{node.inputs[2]}' must be {'i32' if int8 else 'f32'}, got {b.dtype}")
-        _need(tuple(b.shape) == (out_features,), where,
-              f"bias '{node.inputs[2]}' must have shape [{out_features}], got {list(b.shape)}")
-
-
-def _conv_out(size: Dim, k: int, s: int, p: int, d: int, where: str, axis: str) -> int:
-    _need(isinstance(size, int), where, f"spatial {axis} must be a fixed integer")
-    out = (size + 2 * p - d * (k - 1) - 1) // s + 1
-    _need(out >= 1, where, f"output {axis} would be {out} (input {size}, kernel {k}, "
-          f"stride {s}, padding {p}, dilation {d}); make the input larger or the kernel smaller")
-    return out
-
-
-def _infer_linear(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    x, w = ins[0], ins[1]
-    _check_x_dtype(node, x, where)
-    _need(len(x.shape) == 2, where, f"input must be 2-D (N, features), got {list(x.shape)}")
-    _need(len(w.shape) == 2, where, f"weight must be 2-D [out, in], got {list(w.shape)}")
-    _need(x.shape[1] == w.shape[1], where,
-          f"input has {x.shape[1]} features but weight expects {w.shape[1]}")
-    _check_weights(node, ins, where, w.shape[0])
-    return [ValueInfo(_out_dtype(node), (x.shape[0], w.shape[0]))]
-
-
-def _infer_conv2d(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    x, w = ins[0], ins[1]
-    a = node.attrs
-    _check_x_dtype(node, x, where)
-    _need(len(x.shape) == 4, where, f"input must be 4-D (N, C, H, W), got {list(x.shape)}")
-    _need(len(w.shape) == 4, where, f"weight must be 4-D [O, C/groups, kh, kw], got {list(w.shape)}")
-    g = a["groups"]
-    _need(g >= 1, where, "groups must be >= 1")
-    c, o = x.shape[1], w.shape[0]
-    _need(isinstance(c, int) and c % g == 0 and o % g == 0, where,
-          f"channels in ({c}) and out ({o}) must both be divisible by groups ({g})")
-    _need(w.shape[1] * g == c, where,
-          f"weight expects {w.shape[1] * g} input channels but the input has {c}")
-    _check_weights(node, ins, where, o)
-    s, p, d = a["stride"], a["padding"], a["dilation"]
-    _need(min(s) >= 1 and min(d) >= 1 and min(p) >= 0, where,
-          "stride and dilation must be >= 1, padding >= 0")
-    ho = _conv_out(x.shape[2], w.shape[2], s[0], p[0], d[0], where, "height")
-    wo = _conv_out(x.shape[3], w.shape[3], s[1], p[1], d[1], where, "width")
-    return [ValueInfo(_out_dtype(node), (x.shape[0], o, ho, wo))]
-
-
-def _infer_batchnorm(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    x = ins[0]
-    _need(x.dtype == "f32", where, "batchnorm runs on f32")
-    _need(len(x.shape) in (2, 4), where, f"input must be (N, C) or (N, C, H, W), got {list(x.shape)}")
-    for name, p in zip(node.inputs[1:], ins[1:]):
-        _need(tuple(p.shape) == (x.shape[1],), where,
-              f"'{name}' must have shape [{x.shape[1]}], got {list(p.shape)}")
-    return [ValueInfo("f32", x.shape)]
-
-
-def _infer_unary_f32(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    _need(ins[0].dtype == "f32", where, f"{node.op} runs on f32, got {ins[0].dtype}")
-    return [ValueInfo("f32", ins[0].shape)]
-
-
-def _infer_passthrough(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    return [ValueInfo(ins[0].dtype, ins[0].shape)]
-
-
-def _infer_pool(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    x = ins[0]
-    a = node.attrs
-    ok = ("f32", "i8") if node.op == "maxpool2d" else ("f32",)
-    _need(x.dtype in ok, where, f"{node.op} runs on {' or '.join(ok)}, got {x.dtype}")
-    _need(len(x.shape) == 4, where, f"input must be 4-D (N, C, H, W), got {list(x.shape)}")
-    k = a["kernel"]
-    s = a.get("stride") or k
-    p = a["padding"]
-    _need(min(k) >= 1 and min(s) >= 1 and min(p) >= 0, where,
-          "kernel and stride must be >= 1, padding >= 0")
-    _need(p[0] * 2 <= k[0] and p[1] * 2 <= k[1], where, "padding must be at most half the kernel")
-    ho = _conv_out(x.shape[2], k[0], s[0], p[0], 1, where, "height")
-    wo = _conv_out(x.shape[3], k[1], s[1], p[1], 1, where, "width")
-    return [ValueInfo(x.dtype, (x.shape[0], x.shape[1], ho, wo))]
-
-
-def _infer_global_avgpool(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    x = ins[0]
-    _need(x.dtype == "f32", where, f"global_avgpool runs on f32, got {x.dtype}")
-    _need(len(x.shape) == 4, where, f"input must be 4-D (N, C, H, W), got {list(x.shape)}")
-    return [ValueInfo("f32", (x.shape[0], x.shape[1], 1, 1))]
-
-
-def _prod(dims) -> Dim:
-    out = 1
-    for d in dims:
-        if not isinstance(d, int):
-            return "?"
-        out *= d
-    return out
-
-
-def _infer_flatten(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    x = ins[0]
-    _need(len(x.shape) >= 2, where, f"input must have at least 2 dims, got {list(x.shape)}")
-    rest = _prod(x.shape[1:])
-    _need(isinstance(rest, int), where, "dims after the batch must be fixed integers")
-    return [ValueInfo(x.dtype, (x.shape[0], rest))]
-
-
-def _infer_reshape(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    # `shape` excludes the batch dim, which always passes through; one entry may be -1.
-    x = ins[0]
-    shape = list(node.attrs["shape"])
-    have = _prod(x.shape[1:])
-    _need(isinstance(have, int), where, "dims after the batch must be fixed integers")
-    _need(shape.count(-1) <= 1 and all(d == -1 or d >= 1 for d in shape), where,
-          f"shape {shape} may hold positive sizes and at most one -1")
-    known = _prod([d for d in shape if d != -1])
-    if -1 in shape:
-        _need(known > 0 and have % known == 0, where, f"cannot reshape {have} values to {shape}")
-        shape[shape.index(-1)] = have // known
-    _need(_prod(shape) == have, where, f"cannot reshape {list(x.shape[1:])} to {shape}")
-    return [ValueInfo(x.dtype, (x.shape[0], *shape))]
-
-
-def _broadcast(a: Shape, b: Shape, where: str) -> Shape:
-    out = []
-    for i in range(max(len(a), len(b))):
-        da = a[len(a) - 1 - i] if i < len(a) else 1
-        db = b[len(b) - 1 - i] if i < len(b) else 1
-        if da == db or db == 1:
-            out.append(da)
-        elif da == 1:
-            out.append(db)
-        else:
-            raise FormatError(f"{where}: shapes {list(a)} and {list(b)} do not broadcast")
-    return tuple(reversed(out))
-
-
-def _infer_add(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    a, b = ins
-    _need(a.dtype == b.dtype == "f32", where, f"add runs on f32, got {a.dtype} and {b.dtype}")
-    return [ValueInfo("f32", _broadcast(a.shape, b.shape, where))]
-
-
-def _axis(axis: int, ndim: int, where: str) -> int:
-    _need(-ndim <= axis < ndim, where, f"axis {axis} is out of range for {ndim} dims")
-    return axis % ndim
-
-
-def _infer_concat(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    first = ins[0]
-    ax = _axis(node.attrs["axis"], len(first.shape), where)
-    _need(ax != 0, where, "concat along the batch axis is not supported")
-    total = 0
-    for name, v in zip(node.inputs, ins):
-        _need(v.dtype == first.dtype, where, f"'{name}' has dtype {v.dtype}, expected {first.dtype}")
-        _need(len(v.shape) == len(first.shape) and all(
-            i == ax or v.shape[i] == first.shape[i] for i in range(len(v.shape))
-        ), where, f"'{name}' shape {list(v.shape)} does not match {list(first.shape)} off axis {ax}")
-        _need(isinstance(v.shape[ax], int), where, "concat axis must be a fixed size")
-        total += v.shape[ax]
-    shape = list(first.shape)
-    shape[ax] = total
-    return [ValueInfo(first.dtype, tuple(shape))]
-
-
-def _infer_softmax(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    _axis(node.attrs["axis"], len(ins[0].shape), where)
-    return _infer_unary_f32(node, ins, where)
-
-
-def _infer_quantize(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    _need(ins[0].dtype == "f32", where, f"quantize reads f32, got {ins[0].dtype}")
-    _check_qparams(node, "", where)
-    return [ValueInfo("i8", ins[0].shape)]
-
-
-def _infer_dequantize(node: Node, ins: list[ValueInfo], where: str) -> list[ValueInfo]:
-    _need(ins[0].dtype == "i8", where, f"dequantize reads i8, got {ins[0].dtype}")
-    _check_qparams(node, "", where)
-    return [ValueInfo("f32", ins[0].shape)]
-
-
-def _check_qparams(node: Node, prefix: str, where: str) -> None:
-    scale = node.attrs.get(prefix + "scale")
-    zp = node.attrs.get(prefix + "zero_point")
-    _need(scale is not None and scale > 0, where, f"'{prefix}scale' must be a positive number")
-    _need(zp is not None and -128 <= zp <= 127, where, f"'{prefix}zero_point' must be in [-128, 127]")
-
-
-# --------------------------------------------------------------------------- op schemas
-
-
-@dataclass(frozen=True)
-class OpSchema:
-    name: str
-    min_inputs: int
-    max_inputs: int
-    attrs: dict[str, Attr]
-    infer: Callable[[Node, list[ValueInfo], str], list[ValueInfo]]
-    doc: str = ""
-
-
-_INT8 = {
-    "x_scale": Attr("float", None),
-    "x_zero_point": Attr("int", None),
-    "y_scale": Attr("float", None),
-    "y_zero_point": Attr("int", None),
-}
-_POOL = {"kernel": Attr("ints2"), "stride": Attr("ints2", None), "padding": Attr("ints2", [0, 0])}
-
-OPS: dict[str, OpSchema] = {
-    s.name: s
-    for s in [
-        OpSchema("linear", 2, 3, {"activation": Attr("str", "none", ACTIVATIONS),
-                                  "alpha": Attr("float", 0.01), **_INT8}, _infer_linear,
-                 "y = x @ weight.T + bias, then the fused activation"),
-        OpSchema("conv2d", 2, 3, {"stride": Attr("ints2", [1, 1]), "padding": Attr("ints2", [0, 0]),
-                                  "dilation": Attr("ints2", [1, 1]), "groups": Attr("int", 1),
-                                  "activation": Attr("str", "none", ACTIVATIONS),
-                                  "alpha": Attr("float", 0.01), **_INT8}, _infer_conv2d,
-                 "grouped 2-D cross-correlation with zero padding, then the fused activation"),
-        OpSchema("batchnorm", 5, 5, {"eps": Attr("float", 1e-5)}, _infer_batchnorm,
-                 "inputs x, gamma, beta, running_mean, running_var; normalizes over axis 1"),
-        OpSchema("relu", 1, 1, {}, _infer_unary_f32),
-        OpSchema("leaky_relu", 1, 1, {"alpha": Attr("float", 0.01)}, _infer_unary_f32),
-        OpSchema("sigmoid", 1, 1, {}, _infer_unary_f32),
-        OpSchema("tanh", 1, 1, {}, _infer_unary_f32),
-        OpSchema("gelu", 1, 1, {"approximate": Attr("str", "none", ("none", "tanh"))},
-                 _infer_unary_f32),
-        OpSchema("maxpool2d", 1, 1, dict(_POOL), _infer_pool,
-                 "padding counts as -inf; stride defaults to the kernel"),
-        OpSchema("avgpool2d", 1, 1, {**_POOL, "count_include_pad": Attr("bool", True)},
-                 _infer_pool),
-        OpSchema("global_avgpool", 1, 1, {}, _infer_global_avgpool, "(N, C, H, W) -> (N, C, 1, 1)"),
-        OpSchema("flatten", 1, 1, {}, _infer_flatten, "(N, ...) -> (N, prod(...))"),
-        OpSchema("reshape", 1, 1, {"shape": Attr("ints")}, _infer_reshape,
-                 "shape excludes the batch dim, which passes through"),
-        OpSchema("add", 2, 2, {}, _infer_add, "elementwise with NumPy broadcasting"),
-        OpSchema("concat", 1, 64, {"axis": Attr("int", 1)}, _infer_concat),
-        OpSchema("dropout", 1, 1, {"p": Attr("float", 0.5)}, _infer_passthrough,
-                 "identity at inference"),
-        OpSchema("softmax", 1, 1, {"axis": Attr("int", -1)}, _infer_softmax),
-        OpSchema("quantize", 1, 1, {"scale": Attr("float"), "zero_point": Attr("int")},
-                 _infer_quantize, "q = clip(round_half_even(x / scale) + zero_point, -128, 127)"),
-        OpSchema("dequantize", 1, 1, {"scale": Attr("float"), "zero_point": Attr("int")},
-                 _infer_dequantize, "x = (q - zero_point) * scale"),
-    ]
-}
-
-
-def normalize_attrs(node: Node, where: str) -> dict[str, Any]:
-    """Check a node's attrs against its schema and fill in defaults."""
-    schema = OPS[node.op]
-    unknown = sorted(set(node.attrs) - set(schema.attrs))
-    if unknown:
-        raise FormatError(f"{where}: unknown attribute(s) {', '.join(unknown)}; "
-                          f"{node.op} takes {', '.join(schema.attrs) or 'none'}")
-    out = {}
-    for name, spec in schema.attrs.items():
-        if name in node.attrs and node.attrs[name] is not None:
-            out[name] = _check_attr(where, name, spec, node.attrs[name])
-        elif spec.required:
-            raise FormatError(f"{where}: missing required attribute '{name}'")
-        elif spec.default is not None:
-            out[name] = list(spec.default) if isinstance(spec.default, list) else spec.default
-    if "x_scale" in out:
-        _check_qparams(Node(node.name, node.op, [], [], out), "x_", where)
-        if "y_scale" in out or "y_zero_point" in out:
-            _check_qparams(Node(node.name, node.op, [], [], out), "y_", where)
-        if out.get("activation", "none") not in ("none", "relu"):
-            raise FormatError(f"{where}: an int8 node can fuse only relu, "
-                              f"not {out['activation']}")
-    elif any(k in out for k in ("x_zero_point", "y_scale", "y_zero_point")):
-        raise FormatError(f"{where}: int8 attributes need 'x_scale' and 'x_zero_point'")
-    return out
 
 
 # --------------------------------------------------------------------------- the graph
@@ -544,6 +182,15 @@ class Graph:
         if not self.outputs:
             raise FormatError("graph.outputs: a graph needs at least one output")
         _check_metadata(self.metadata)
+        for name, v in self.inputs.items():
+            # NOTE: every op reads axis 0 as the batch, and a size-0 input has nothing to run:
+            # refused here, named, instead of an IndexError or a zero loop step further on.
+            if not v.shape:
+                raise FormatError(f"graph.inputs['{name}'].shape: an input needs a batch axis "
+                                  "first, e.g. [\"N\", 3, 32, 32]; got []")
+            if any(isinstance(d, int) and d < 1 for d in v.shape):
+                raise FormatError(f"graph.inputs['{name}'].shape: every size must be at least "
+                                  f"1, got {list(v.shape)}")
         both = sorted(set(self.inputs) & set(self.params))
         if both:
             raise FormatError(f"graph: '{both[0]}' is both an input and a param")
@@ -573,10 +220,10 @@ class Graph:
                                       "or the output of an earlier node")
             node.attrs = normalize_attrs(node, where)
             outs = schema.infer(node, [infos[x] for x in node.inputs], where)
-            for name, info in zip(node.outputs, outs):
+            for name, (dtype, shape) in zip(node.outputs, outs):
                 if name in infos:
                     raise FormatError(f"{where}: output '{name}' is already defined")
-                infos[name] = info
+                infos[name] = ValueInfo(dtype, shape)
         for o in self.outputs:
             if o not in infos:
                 raise FormatError(f"graph.outputs: '{o}' is not produced by any node or input")

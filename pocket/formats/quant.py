@@ -4,6 +4,7 @@ One definition, so that every producer and consumer rounds the same way:
 
 - Weights: symmetric per output channel (axis 0). scale[o] = max|w[o]| / 127 (1.0 for an
   all-zero channel), w_q = clip(round_half_even(w / scale[o]), -127, 127), zero point 0.
+- Scales are positive finite normal float32 values (`is_scale`), wherever they are stored.
 - Activations: per tensor, asymmetric int8. scale > 0 and zero_point in [-128, 127] are stored
   as float32 / int in the node attrs. quantize(x) = clip(round_half_even(x / scale) + zp,
   -128, 127), computed in float32 as ONNX QuantizeLinear does; dequantize(q) = (q - zp) * scale
@@ -28,6 +29,23 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 def f32(v: float) -> float:
     """Round a Python float to the nearest float32, so JSON attrs hold exactly what runs."""
     return float(np.float32(v))
+
+
+SCALE_RULE = "a positive finite float32 (normal: at least 1.18e-38, at most 3.4e38)"
+
+
+def is_scale(v: float) -> bool:
+    """Whether v is a usable quantization scale (SCALE_RULE) once rounded to float32.
+
+    NOTE: finite as a JSON double is not enough: every consumer multiplies in float32, where
+    1e39 is inf and 1e-46 is 0, and a subnormal scale has lost precision already.
+    """
+    try:
+        with np.errstate(over="ignore"):
+            v32 = np.float32(v)
+    except (OverflowError, TypeError, ValueError):
+        return False
+    return bool(np.isfinite(v32) and v32 >= np.finfo(np.float32).tiny)
 
 
 def quantize_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,8 @@ Conventions:
   int32 (the format promises exact int32 accumulation), then follow `pocket.formats.quant`
   step for step. A padded int8 input equals x_zp, so it contributes zero to the sum.
 
-Each op is `fn(attrs, *inputs, w_scale=None) -> array`; `REFERENCE_OPS` maps op names to them.
+Each op is `fn(attrs, *inputs, w_scale=None) -> array`, registered as the op's "reference" in
+`pocket.formats.ops`; `run` dispatches through the registry.
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ from typing import Any
 
 import numpy as np
 
+from pocket.formats import ops
 from pocket.formats import quant as q
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Graph
 
 # --------------------------------------------------------------------------- activations
+# NOTE: NaN semantics. A NaN entering relu (standalone or fused into conv2d/linear) comes out
+# as NaN, as in NumPy, PyTorch and onnxruntime: relu is written `0 if x < 0 else x`, and a NaN
+# compares false. Every other activation propagates NaN by its arithmetic, and every engine
+# route must match this.
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
@@ -37,23 +43,6 @@ def _gelu64(x: np.ndarray, approximate: str = "none") -> np.ndarray:
     return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64))
 
 
-def _activate64(x: np.ndarray, activation: str, alpha: float = 0.01) -> np.ndarray:
-    """x float64 -> float64, the fused activation of conv2d/linear."""
-    if activation == "none":
-        return x
-    if activation == "relu":
-        return np.maximum(x, 0.0)
-    if activation == "leaky_relu":
-        return np.where(x >= 0, x, alpha * x)
-    if activation == "sigmoid":
-        return 1.0 / (1.0 + np.exp(-x))
-    if activation == "tanh":
-        return np.tanh(x)
-    if activation == "gelu":
-        return _gelu64(x)
-    raise FormatError(f"unknown activation {activation!r}")
-
-
 def _f64(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, np.float64)
 
@@ -62,26 +51,65 @@ def _f32(x: np.ndarray) -> np.ndarray:
     return np.asarray(x).astype(np.float32)
 
 
-def relu(a, x, **_):
-    return _f32(np.maximum(_f64(x), 0.0))
+def _elementwise(name: str):
+    """Decorator: fn64(x float64, attrs) -> float64 becomes op `name`, fn(attrs, x) -> float32,
+    registered as its reference; `fn.f64` is the float64 form a fused layer applies."""
+
+    def deco(fn64):
+        def op(a, x, **_):
+            return _f32(fn64(_f64(x), a))
+
+        op.f64 = fn64
+        op.__name__ = op.__qualname__ = name
+        op.__doc__ = fn64.__doc__
+        return ops.register("reference", name)(op)
+
+    return deco
 
 
-def leaky_relu(a, x, **_):
-    return _f32(_activate64(_f64(x), "leaky_relu", a.get("alpha", 0.01)))
+@_elementwise("relu")
+def relu(x, a):
+    return np.where(x < 0.0, 0.0, x)
 
 
-def sigmoid(a, x, **_):
-    return _f32(_activate64(_f64(x), "sigmoid"))
+@_elementwise("leaky_relu")
+def leaky_relu(x, a):
+    return np.where(x >= 0, x, a.get("alpha", 0.01) * x)
 
 
-def tanh(a, x, **_):
-    return _f32(np.tanh(_f64(x)))
+@_elementwise("sigmoid")
+def sigmoid(x, a):
+    with np.errstate(over="ignore"):  # exp(-x) = inf for x < -709 gives 0, as it should
+        return 1.0 / (1.0 + np.exp(-x))
 
 
-def gelu(a, x, **_):
-    return _f32(_gelu64(_f64(x), a.get("approximate", "none")))
+@_elementwise("tanh")
+def tanh(x, a):
+    return np.tanh(x)
 
 
+@_elementwise("gelu")
+def gelu(x, a):
+    return _gelu64(x, a.get("approximate", "none"))
+
+
+@_elementwise("hardswish")
+def hardswish(x, a):
+    return x * np.clip(x + 3.0, 0.0, 6.0) / 6.0
+
+
+@_elementwise("hardsigmoid")
+def hardsigmoid(x, a):
+    return np.clip(x + 3.0, 0.0, 6.0) / 6.0
+
+
+def _activate64(x: np.ndarray, a: Mapping[str, Any]) -> np.ndarray:
+    """x float64 -> float64 through the fused activation of conv2d/linear attrs `a`."""
+    act = a.get("activation", "none")
+    return x if act == "none" else ops.impl("reference", act).f64(x, a)
+
+
+@ops.register("reference", "softmax")
 def softmax(a, x, **_):
     x = _f64(x)
     e = np.exp(x - x.max(axis=a.get("axis", -1), keepdims=True))
@@ -109,7 +137,7 @@ def _int8_epilogue(a, acc: np.ndarray, w_scale) -> np.ndarray:
     m = q.requant_multiplier(a["x_scale"], w_scale, None)
     shape = (1, -1) + (1,) * (acc.ndim - 2)
     y = (acc.astype(np.float64) * m.reshape(shape)).astype(np.float32)
-    return np.maximum(y, np.float32(0)) if relu_ else y
+    return np.where(y < 0, np.float32(0), y) if relu_ else y
 
 
 # --------------------------------------------------------------------------- linear and conv
@@ -126,6 +154,7 @@ def _exact_int(acc: np.ndarray) -> np.ndarray:
     return acc.astype(np.int64)
 
 
+@ops.register("reference", "linear")
 def linear(a, x, w, b=None, *, w_scale=None):
     """x (N, K), w (O, K), b (O,) -> (N, O)."""
     if _is_int8(a):
@@ -136,7 +165,7 @@ def linear(a, x, w, b=None, *, w_scale=None):
     y = _f64(x) @ _f64(w).T
     if b is not None:
         y = y + _f64(b)
-    return _f32(_activate64(y, a.get("activation", "none"), a.get("alpha", 0.01)))
+    return _f32(_activate64(y, a))
 
 
 def _pad(x: np.ndarray, ph: int, pw: int, value) -> np.ndarray:
@@ -175,6 +204,7 @@ def _conv(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int) 
     return out.reshape(n, o, ho, wo)
 
 
+@ops.register("reference", "conv2d")
 def conv2d(a, x, w, b=None, *, w_scale=None):
     """x (N, C, H, W), w (O, C/groups, kh, kw), b (O,) -> (N, O, Ho, Wo)."""
     geom = (a.get("stride", [1, 1]), a.get("padding", [0, 0]), a.get("dilation", [1, 1]),
@@ -188,9 +218,10 @@ def conv2d(a, x, w, b=None, *, w_scale=None):
     y = _conv(_f64(x), _f64(w), *geom)
     if b is not None:
         y = y + _f64(b).reshape(1, -1, 1, 1)
-    return _f32(_activate64(y, a.get("activation", "none"), a.get("alpha", 0.01)))
+    return _f32(_activate64(y, a))
 
 
+@ops.register("reference", "batchnorm")
 def batchnorm(a, x, gamma, beta, mean, var, **_):
     """x (N, C) or (N, C, H, W); per-channel params (C,) broadcast over axis 1."""
     shape = (1, -1) + (1,) * (x.ndim - 2)
@@ -214,12 +245,14 @@ def _windows(x: np.ndarray, a, pad_value):
             yield xp[:, :, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
 
 
+@ops.register("reference", "maxpool2d")
 def maxpool2d(a, x, **_):
     """x (N, C, H, W) f32 or i8 -> (N, C, Ho, Wo); padding never wins (-inf, or -128 for i8)."""
     pad = -128 if x.dtype == np.int8 else -np.inf
     return np.maximum.reduce(list(_windows(x, a, pad))).astype(x.dtype)
 
 
+@ops.register("reference", "avgpool2d")
 def avgpool2d(a, x, **_):
     """x (N, C, H, W) -> (N, C, Ho, Wo); count_include_pad picks the divisor."""
     total = sum(_windows(_f64(x), a, 0.0))
@@ -230,6 +263,7 @@ def avgpool2d(a, x, **_):
     return _f32(total / count)
 
 
+@ops.register("reference", "global_avgpool")
 def global_avgpool(a, x, **_):
     """x (N, C, H, W) -> (N, C, 1, 1)."""
     return _f32(_f64(x).mean(axis=(2, 3), keepdims=True))
@@ -238,41 +272,40 @@ def global_avgpool(a, x, **_):
 # --------------------------------------------------------------------------- shape and misc
 
 
+@ops.register("reference", "flatten")
 def flatten(a, x, **_):
     return x.reshape(x.shape[0], -1)
 
 
+@ops.register("reference", "reshape")
 def reshape(a, x, **_):
     return x.reshape((x.shape[0], *a["shape"]))
 
 
+@ops.register("reference", "dropout")
 def dropout(a, x, **_):
     return x
 
 
+@ops.register("reference", "add")
 def add(a, x, y, **_):
     return _f32(_f64(x) + _f64(y))
 
 
+@ops.register("reference", "concat")
 def concat(a, *xs, **_):
     return np.concatenate(xs, axis=a.get("axis", 1))
 
 
+@ops.register("reference", "quantize")
 def quantize(a, x, **_):
     return q.quantize(x, a["scale"], a["zero_point"])
 
 
+@ops.register("reference", "dequantize")
 def dequantize(a, x, **_):
     return q.dequantize(x, a["scale"], a["zero_point"])
 
-
-REFERENCE_OPS = {
-    "linear": linear, "conv2d": conv2d, "batchnorm": batchnorm, "relu": relu,
-    "leaky_relu": leaky_relu, "sigmoid": sigmoid, "tanh": tanh, "gelu": gelu,
-    "maxpool2d": maxpool2d, "avgpool2d": avgpool2d, "global_avgpool": global_avgpool,
-    "flatten": flatten, "reshape": reshape, "add": add, "concat": concat, "dropout": dropout,
-    "softmax": softmax, "quantize": quantize, "dequantize": dequantize,
-}
 
 _NP_DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8,
               "i32": np.int32, "i64": np.int64}
@@ -313,11 +346,11 @@ def run(
         env[name] = np.asarray(params[name])
     for node in graph.nodes:
         kw = {}
-        if node.op in ("conv2d", "linear") and _is_int8(node.attrs):
+        if ops.OPS[node.op].int8 == ops.INT8_LAYER and _is_int8(node.attrs):
             qp = (quant or {}).get(node.inputs[1])
             kw["w_scale"] = None if qp is None else np.asarray(qp["scale"], np.float32)
-        env[node.outputs[0]] = REFERENCE_OPS[node.op](node.attrs, *(env[i] for i in node.inputs),
-                                                      **kw)
+        fn = ops.impl("reference", node.op)
+        env[node.outputs[0]] = fn(node.attrs, *(env[i] for i in node.inputs), **kw)
     if keep_all:
         return env
     return {o: env[o] for o in graph.outputs}

@@ -58,15 +58,13 @@ from typing import Any
 import numpy as np
 
 from pocket.errors import PocketError
+from pocket.formats import ops
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Graph, ValueInfo
 
 # NOTE: the kernels (and with them Numba, ~0.4 s to import and set up) are imported when the
 # engine first plans, not here: an engine that interprets first may answer without them.
-SUPPORTED_OPS = frozenset({
-    "linear", "conv2d", "batchnorm", "relu", "leaky_relu", "sigmoid", "tanh", "gelu", "maxpool2d",
-    "avgpool2d", "global_avgpool", "flatten", "reshape", "dropout", "add", "concat", "softmax",
-    "quantize", "dequantize"})
+SUPPORTED_OPS = frozenset(ops.OPS)  # every IR op: test_registry checks each has a builder
 ALIAS_OPS = ("flatten", "reshape", "dropout")  # views of their input: no kernel, no buffer
 ALIGN = 64
 

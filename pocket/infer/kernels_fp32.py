@@ -20,9 +20,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from pocket.formats import ops
 from pocket.infer.jit import kernel
 
-ACT = {"none": 0, "relu": 1, "leaky_relu": 2, "sigmoid": 3, "tanh": 4, "gelu": 5, "gelu_tanh": 6}
+ACT = ops.activation_codes()  # name -> code, each op's Fusion.code in pocket/formats/ops.py
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -32,7 +33,7 @@ _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 def activate(v, act, alpha):
     """One float64 value through activation code `act`; float64 so float32 rounds once."""
     if act == 1:
-        return v if v > 0.0 else 0.0
+        return 0.0 if v < 0.0 else v  # NaN stays NaN, as in formats/reference.py
     if act == 2:
         return v if v >= 0.0 else alpha * v
     if act == 3:
@@ -43,6 +44,11 @@ def activate(v, act, alpha):
         return 0.5 * v * (1.0 + math.erf(v * _INV_SQRT2))
     if act == 6:
         return 0.5 * v * (1.0 + math.tanh(_SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)))
+    if act == 7 or act == 8:
+        # relu6(v + 3), NaN kept; then the reference's order of operations, so bit for bit
+        t = v + 3.0
+        t = 0.0 if t < 0.0 else (6.0 if t > 6.0 else t)
+        return v * t / 6.0 if act == 7 else t / 6.0
     return v
 
 
@@ -341,7 +347,7 @@ def copy_cols(out, x, start):
             out[i, start + j] = x[i, j]
 
 
-MONOTONE_ACTS = (0, 1, 2, 3, 4)  # non-decreasing (leaky_relu with alpha >= 0): pool commutes
+MONOTONE_ACTS = ops.monotone_codes()  # non-decreasing (leaky_relu: alpha >= 0): pool commutes
 
 
 @kernel

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
+from pocket.formats import ops
 from pocket.formats.ir import Node
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
@@ -301,11 +302,11 @@ def _b_quantize(eng, step, node, n):
     return [partial(kernel, y.reshape(-1), x.reshape(-1), a["scale"], a["zero_point"])]
 
 
-BUILDERS = {
+BUILDERS = ops.register_table("engine", {
+    **dict.fromkeys(ops.activations(), _b_unary),  # kernels_fp32.unary on the op's ACT code
     "linear": _b_linear, "conv2d": _b_conv2d, "batchnorm": _b_batchnorm,
-    "relu": _b_unary, "leaky_relu": _b_unary, "sigmoid": _b_unary, "tanh": _b_unary,
-    "gelu": _b_unary, "maxpool2d": _b_maxpool2d, "avgpool2d": _b_avgpool2d,
+    "maxpool2d": _b_maxpool2d, "avgpool2d": _b_avgpool2d,
     "global_avgpool": _b_global_avgpool, "flatten": _b_alias, "reshape": _b_alias,
     "dropout": _b_alias, "add": _b_add, "concat": _b_concat, "softmax": _b_softmax,
     "quantize": _b_quantize, "dequantize": _b_quantize,
-}
+})

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from pocket.formats import ops
 from pocket.train import backend
 from pocket.train.tensor import Tensor, as_tensor, primitive
 
@@ -460,6 +461,29 @@ def _gelu_bwd(ctx, gy):
     return (gy * d.astype(gy.dtype, copy=False),)
 
 
+def _hardswish_fwd(ctx, x):
+    ctx.save(x)
+    return x * _xp(x).clip(x + 3, 0, 6) / 6
+
+
+def _hardswish_bwd(ctx, gy):
+    (x,) = ctx.saved
+    xp = _xp(x)
+    # NOTE: at the kinks, PyTorch's one-sided choice: 0 at x < -3, (2x + 3) / 6 up to x = 3.
+    d = xp.where(x < -3, 0, xp.where(x <= 3, (2 * x + 3) / 6, 1))
+    return (gy * d.astype(gy.dtype, copy=False),)
+
+
+def _hardsigmoid_fwd(ctx, x):
+    ctx.save(x)
+    return _xp(x).clip(x + 3, 0, 6) / 6
+
+
+def _hardsigmoid_bwd(ctx, gy):
+    (x,) = ctx.saved
+    return (gy * ((x > -3) & (x < 3)).astype(gy.dtype) / 6,)
+
+
 def _dropout_fwd(ctx, x, p=0.5, rng=None):
     keep = backend.uniform(x.shape, x, rng) >= p
     mask = keep.astype(x.dtype) * (1.0 / (1.0 - p))
@@ -508,6 +532,10 @@ _leaky_relu = primitive("leaky_relu", _leaky_relu_fwd, _leaky_relu_bwd)
 sigmoid = primitive("sigmoid", _sigmoid_fwd, _sigmoid_bwd)
 tanh = primitive("tanh", _tanh_fwd, _tanh_bwd)
 _gelu = primitive("gelu", _gelu_fwd, _gelu_bwd)
+hardswish = ops.register("train", "hardswish")(
+    primitive("hardswish", _hardswish_fwd, _hardswish_bwd))  # Howard et al., 2019 (MobileNetV3)
+hardsigmoid = ops.register("train", "hardsigmoid")(
+    primitive("hardsigmoid", _hardsigmoid_fwd, _hardsigmoid_bwd))
 _dropout = primitive("dropout", _dropout_fwd, _dropout_bwd)
 _softmax = primitive("softmax", _softmax_fwd, _softmax_bwd)
 _log_softmax = primitive("log_softmax", _log_softmax_fwd, _log_softmax_bwd)
@@ -778,3 +806,13 @@ def global_avgpool(x) -> Tensor:
 
 
 from pocket.train.conv import avgpool2d, conv2d, maxpool2d  # noqa: E402, F401
+
+# The differentiable forward of each IR op (pocket.formats.ops): a registry entry whose op is
+# trainable and has no "train" implementation fails tests/formats/test_registry.py.
+ops.register_table("train", {
+    "linear": linear, "conv2d": conv2d, "batchnorm": batchnorm, "relu": relu,
+    "leaky_relu": leaky_relu, "sigmoid": sigmoid, "tanh": tanh, "gelu": gelu,
+    "maxpool2d": maxpool2d, "avgpool2d": avgpool2d, "global_avgpool": global_avgpool,
+    "flatten": flatten, "reshape": reshape, "add": add, "concat": concat, "dropout": dropout,
+    "softmax": softmax,
+})

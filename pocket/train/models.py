@@ -11,6 +11,7 @@ import difflib
 import numpy as np
 
 from pocket.errors import PocketError
+from pocket.formats import ops
 from pocket.train import nn
 
 
@@ -111,16 +112,16 @@ ZOO = {"mlp": mlp, "mlp_regressor": mlp_regressor, "cnn": cnn, "vgg": vgg, "resn
 
 # --------------------------------------------------------------------------- layer lists
 
-_ACTS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+# The keys each layer type takes. A one-input layer that is one IR op (nn.ELEMENTWISE: the
+# activations, softmax, global_avgpool) takes its op's attrs under their IR names.
 _LAYER_KEYS = {
     "linear": {"out", "bias"},
     "conv2d": {"out", "kernel", "stride", "padding", "dilation", "groups", "bias"},
     "batchnorm": {"eps", "momentum"},
     "maxpool2d": {"kernel", "stride", "padding"},
     "avgpool2d": {"kernel", "stride", "padding", "count_include_pad"},
-    "global_avgpool": set(), "flatten": set(), "dropout": {"p"}, "softmax": {"axis"},
-    "relu": set(), "sigmoid": set(), "tanh": set(), "leaky_relu": {"alpha"},
-    "gelu": {"approximate"}, "residual": {"out", "stride"},
+    "flatten": set(), "dropout": {"p"}, "residual": {"out", "stride"},
+    **{op: set(ops.OPS[op].attrs) for op in nn.ELEMENTWISE},
 }
 
 
@@ -200,19 +201,14 @@ def _layer(kind, spec, shape, num_outputs, last, rng):
         if ho < 1 or wo < 1:
             raise ValueError("the output would be empty")
         return m, (c, ho, wo)
-    if kind == "global_avgpool":
-        return nn.GlobalAvgPool2d(), (shape[0], 1, 1)
     if kind == "flatten":
         return nn.Flatten(), (int(np.prod(shape)),)
     if kind == "dropout":
         return nn.Dropout(_dropout_p(spec.get("p", 0.5))), shape
-    if kind == "softmax":
-        return nn.Softmax(spec.get("axis", -1)), shape
-    if kind == "leaky_relu":
-        return nn.LeakyReLU(spec.get("alpha", 0.01)), shape
-    if kind == "gelu":
-        return nn.GELU(spec.get("approximate", "none")), shape
-    return _ACTS[kind](), shape
+    schema = ops.OPS[kind]
+    attrs = {k: ops.check_attr("value", k, schema.attrs[k], v) for k, v in spec.items() if k != "type"}
+    layer = nn.ELEMENTWISE[kind].from_ir(**attrs)
+    return layer, ((shape[0], 1, 1) if kind == "global_avgpool" else shape)
 
 
 def _dropout_p(p):

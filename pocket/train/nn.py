@@ -266,7 +266,29 @@ class AvgPool2d(Module):
                            self.count_include_pad)
 
 
-class GlobalAvgPool2d(Module):
+# IR op -> its one-input layer class; the classes below enter themselves (Elementwise), and
+# the tracer and the config's layer list (train/models.py) find them here.
+ELEMENTWISE: dict[str, type[Elementwise]] = {}
+
+
+class Elementwise(Module):
+    """A one-input layer that is exactly one IR op, with the IR attrs `ir_attrs()`."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.op is not None:
+            ELEMENTWISE[cls.op] = cls
+
+    def ir_attrs(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_ir(cls, **attrs) -> Elementwise:
+        """The layer for a node with these IR attrs (the defaults where absent)."""
+        return cls(**attrs)
+
+
+class GlobalAvgPool2d(Elementwise):
     """(N, C, H, W) -> (N, C, 1, 1), like ONNX GlobalAveragePool."""
 
     op = "global_avgpool"
@@ -275,14 +297,14 @@ class GlobalAvgPool2d(Module):
         return F.global_avgpool(x)
 
 
-class ReLU(Module):
+class ReLU(Elementwise):
     op = "relu"
 
     def forward(self, x):
         return F.relu(x)
 
 
-class LeakyReLU(Module):
+class LeakyReLU(Elementwise):
     op = "leaky_relu"
 
     def __init__(self, negative_slope: float = 0.01):
@@ -292,22 +314,47 @@ class LeakyReLU(Module):
     def forward(self, x):
         return F.leaky_relu(x, self.negative_slope)
 
+    def ir_attrs(self) -> dict:
+        return {"alpha": float(self.negative_slope)}
 
-class Sigmoid(Module):
+    @classmethod
+    def from_ir(cls, alpha: float = 0.01) -> LeakyReLU:
+        return cls(alpha)
+
+
+class Sigmoid(Elementwise):
     op = "sigmoid"
 
     def forward(self, x):
         return F.sigmoid(x)
 
 
-class Tanh(Module):
+class Tanh(Elementwise):
     op = "tanh"
 
     def forward(self, x):
         return F.tanh(x)
 
 
-class GELU(Module):
+class Hardswish(Elementwise):
+    """x * relu6(x + 3) / 6; Howard et al., 2019 (MobileNetV3)."""
+
+    op = "hardswish"
+
+    def forward(self, x):
+        return F.hardswish(x)
+
+
+class Hardsigmoid(Elementwise):
+    """relu6(x + 3) / 6; Howard et al., 2019 (MobileNetV3)."""
+
+    op = "hardsigmoid"
+
+    def forward(self, x):
+        return F.hardsigmoid(x)
+
+
+class GELU(Elementwise):
     op = "gelu"
 
     def __init__(self, approximate: str = "none"):
@@ -317,8 +364,11 @@ class GELU(Module):
     def forward(self, x):
         return F.gelu(x, self.approximate)
 
+    def ir_attrs(self) -> dict:
+        return {"approximate": self.approximate}
 
-class Softmax(Module):
+
+class Softmax(Elementwise):
     op = "softmax"
 
     def __init__(self, axis: int = -1):
@@ -327,6 +377,9 @@ class Softmax(Module):
 
     def forward(self, x):
         return F.softmax(x, self.axis)
+
+    def ir_attrs(self) -> dict:
+        return {"axis": int(self.axis)}
 
 
 class Dropout(Module):
@@ -339,6 +392,9 @@ class Dropout(Module):
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training, self.rng)
+
+    def ir_attrs(self) -> dict:
+        return {"p": float(self.p)}
 
 
 class Flatten(Module):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from pocket.errors import PocketError
+from pocket.formats import ops
 from pocket.formats.ir import Graph, Node, ValueInfo
 from pocket.train import backend, nn
 
@@ -47,15 +48,15 @@ def _p(prefix: str, name: str) -> str:
 
 
 def _trace_module(b: _Builder, m: nn.Module, prefix: str, x: str) -> str:
-    fn = _TRACERS.get(type(m))
+    # Containers by type; a layer by the IR op it names, through the registry.
+    fn = next((f for cls, f in _CONTAINERS.items() if isinstance(m, cls)), None)
+    if fn is None and m.op is not None:
+        fn = ops.OPS[m.op].impls.get("trace") if m.op in ops.OPS else None
     if fn is None:
-        for cls, f in _TRACERS.items():
-            if isinstance(m, cls):
-                fn = f
-                break
-    if fn is None:
+        layers = sorted({*(c.__name__ for c in _CONTAINERS),
+                         *(n for n, f in ops.implementations("trace").items())})
         raise TraceError(f"cannot trace layer '{prefix or 'model'}' ({type(m).__name__}) into the "
-                         f"graph IR; supported layers: {', '.join(c.__name__ for c in _TRACERS)}")
+                         f"graph IR; supported layers and ops: {', '.join(layers)}")
     return fn(b, m, prefix, x)
 
 
@@ -112,32 +113,16 @@ def _residual(b, m, prefix, x):
     return b.node(_p(prefix, "relu2"), "relu", [s])
 
 
-def _simple(op, **attr_fns):
-    def fn(b, m, prefix, x):
-        return b.node(prefix, op, [x], **{k: f(m) for k, f in attr_fns.items()})
-
-    return fn
+def _elementwise(b, m, prefix, x):
+    return b.node(prefix, m.op, [x], **m.ir_attrs())
 
 
-_TRACERS = {
-    nn.Sequential: _sequential,
-    nn.Linear: _linear,
-    nn.Conv2d: _conv2d,
-    nn.BatchNorm1d: _batchnorm,
-    nn.BatchNorm2d: _batchnorm,
-    nn.MaxPool2d: _maxpool,
-    nn.AvgPool2d: _avgpool,
-    nn.GlobalAvgPool2d: _simple("global_avgpool"),
-    nn.Flatten: _flatten,
-    nn.ReLU: _simple("relu"),
-    nn.LeakyReLU: _simple("leaky_relu", alpha=lambda m: float(m.negative_slope)),
-    nn.Sigmoid: _simple("sigmoid"),
-    nn.Tanh: _simple("tanh"),
-    nn.GELU: _simple("gelu", approximate=lambda m: m.approximate),
-    nn.Softmax: _simple("softmax", axis=lambda m: int(m.axis)),
-    nn.Dropout: _simple("dropout", p=lambda m: float(m.p)),
-    nn.ResidualBlock: _residual,
-}
+_CONTAINERS = {nn.Sequential: _sequential, nn.ResidualBlock: _residual}
+ops.register_table("trace", {
+    "linear": _linear, "conv2d": _conv2d, "batchnorm": _batchnorm, "maxpool2d": _maxpool,
+    "avgpool2d": _avgpool, "flatten": _flatten, "dropout": _elementwise,
+    **dict.fromkeys(nn.ELEMENTWISE, _elementwise),
+})
 
 
 def trace(model: nn.Module, input_shape, metadata: dict | None = None,

@@ -7,7 +7,7 @@ from export_models import Net, residual_cnn, smooth_images, wide_cnn
 from pocket.errors import PocketError
 from pocket.export import ExportError
 from pocket.export.app import export, render
-from pocket.formats import ir, reference
+from pocket.formats import ops, reference
 from pocket.formats.container import read_container, write_container
 from pocket.formats.errors import FormatError
 
@@ -184,8 +184,8 @@ def test_calib_npz_overrides(res_ckpt, tmp_path):
 
 def test_unsupported_op_names_node_and_op(tmp_path, monkeypatch):
     # An op the IR knows but export does not (the IR grows first).
-    monkeypatch.setitem(ir.OPS, "layernorm", ir.OpSchema("layernorm", 1, 1, {},
-                                                         ir._infer_unary_f32))
+    monkeypatch.setitem(ops.OPS, "layernorm", ops.Op("layernorm", 1, 1, {},
+                                                     ops.infer_unary_f32))
     n = Net((4,))
     out = n.op("layernorm", n.linear(n.input, 4, name="fc"), name="attn1")
     path = write_ckpt(tmp_path / "ln.ckpt", n.graph([out]), n.params)

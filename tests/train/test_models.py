@@ -27,11 +27,13 @@ EVERY_LAYER = [
      "count_include_pad": False},                                   # (8, 4, 4)
     {"type": "gelu", "approximate": "tanh"},
     {"type": "sigmoid"},
+    {"type": "hardswish"},
     {"type": "global_avgpool"},                                     # (8, 1, 1)
     {"type": "flatten"},                                            # (8,)
     {"type": "linear", "out": 16},
     {"type": "batchnorm", "eps": 1e-3, "momentum": 0.2},            # 1-D
     {"type": "tanh"},
+    {"type": "hardsigmoid"},
     {"type": "dropout", "p": 0.5},
     {"type": "relu"},
     {"type": "linear"},                                             # the head
