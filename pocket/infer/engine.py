@@ -21,7 +21,7 @@ validates the graph, rejects every unsupported op in one error, and plans:
 - plan-level fusion: a conv2d whose only reader is an unpadded maxpool2d (and whose
   activation is non-decreasing) writes the pooled output from its epilogue, and a linear whose
   only reader is a linear on the same GEMM route leaves its result in that one's packed
-  layout (lowering.chained_linears); the IR is unchanged;
+  layout (routes/linear_chain.py); the IR is unchanged;
 - int8 conv2d (groups 1) and linear on a CPU with AVX-512 VNNI run the int8 GEMMs of
   kernels_vnni (64 int8 multiply-adds per instruction); elsewhere, those with enough rows run
   as exact float32 BLAS GEMMs on the int8 codes, the float32 copies of weights and inputs

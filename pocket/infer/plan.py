@@ -71,7 +71,7 @@ class PlanContext:
     readers: dict[str, list[int]] = field(default_factory=dict)  # {value: the steps that read it}
     prep: list[dict] = field(default_factory=list)
     pool_after: dict[int, int] = field(default_factory=dict)  # {conv step: fused maxpool step}
-    chained: dict[int, tuple[int, int]] = field(default_factory=dict)  # lowering.chained_linears
+    chained: dict[int, tuple[int, int]] = field(default_factory=dict)  # routes.linear_chain
     pad_after: dict[int, int] = field(default_factory=dict)  # routes.conv_fma_pitch.padded_pairs
     skip: set[int] = field(default_factory=set)
     parallel: Callable[[int], bool] = field(default=lambda work: False)
@@ -95,7 +95,7 @@ class PlanContext:
 
     def packed(self, v: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
         """Value v's buffer in another layout than (N, ...): a chained linear's result (see
-        lowering.chained_linears)."""
+        routes.linear_chain)."""
         return self.region(self.root[v], dtype, shape)
 
     def region(self, key: str, dtype, shape: tuple[int, ...], at: int = 0) -> np.ndarray:

@@ -215,3 +215,42 @@ def test_routes_listing_and_inspect(tmp_path, monkeypatch):
     monkeypatch.setenv("POCKET_ROUTE", "conv_int8_blas")
     res = CliRunner().invoke(main, ["inspect", "--routes", str(fp32)])
     assert res.exit_code == 3 and res.output.startswith("Error: node 'conv'")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "i8"])
+def test_each_eligible_linear_route_forced(dtype, monkeypatch):
+    """POCKET_ROUTE=<name> for each linear route eligible here, two chained linears (the tile
+    routes' packed hand-over) at batches 1 and 20, against the reference."""
+    k, h, o = 24, 16, 12
+    if dtype == "f32":
+        params = {"w1": RNG.standard_normal((h, k)).astype(np.float32),
+                  "b1": RNG.standard_normal(h).astype(np.float32),
+                  "w2": RNG.standard_normal((o, h)).astype(np.float32)}
+        nodes = [Node("fc1", "linear", ["x", "w1", "b1"], ["h"], {"activation": "relu"}),
+                 Node("fc2", "linear", ["h", "w2"], ["y"], {})]
+        quant, x = None, RNG.standard_normal((20, k)).astype(np.float32)
+    else:
+        params, quant = {}, {}
+        for i, (a, b) in enumerate(((h, k), (o, h)), 1):
+            w_q, w_s = qm.quantize_weights(RNG.standard_normal((a, b)).astype(np.float32))
+            params[f"w{i}"] = w_q
+            params[f"b{i}"] = qm.quantize_bias(RNG.standard_normal(a).astype(np.float32), 0.05, w_s)
+            quant[f"w{i}"] = {"scale": w_s.tolist(), "zero_point": [0] * a, "axis": 0}
+        i8 = {"x_scale": 0.05, "x_zero_point": 3, "y_scale": 0.05, "y_zero_point": 3}
+        nodes = [Node("fc1", "linear", ["x", "w1", "b1"], ["h"], {**i8, "activation": "relu"}),
+                 Node("fc2", "linear", ["h", "w2", "b2"], ["y"], {**i8, "activation": "none"})]
+        x = RNG.integers(-128, 128, (20, k)).astype(np.int8)
+    g = _graph(x, nodes, params)
+    cpu = Cpu.host()
+    names = [r.name for r in routes.TABLE["linear"] if r.eligible(LinearGeometry(20, k, h), dtype, cpu)]
+    assert names
+    for name in names:
+        monkeypatch.setenv("POCKET_ROUTE", name)
+        with Engine(FakeContainer(g, params, quant), max_batch=20) as eng:
+            assert [r["route"] for r in eng.routes()] == [name, name]
+            for n in (1, 20):
+                got, want = eng.run(x[:n]), ref.run(g, params, x[:n], quant)["y"]
+                if dtype == "i8":
+                    assert np.array_equal(got, want), name
+                else:
+                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=name)
