@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 from pathlib import Path
 
 from pocket.train.config import FLAGS, ConfigError, format_size, load_config, merge
@@ -30,14 +29,13 @@ def train_from_config(config_path: str | None, overrides: dict, *, quiet: bool =
         if force:
             raise ConfigError("--force starts a new run and --resume continues one; give one")
         cfg, notes = resume_config(resume, config_path, overrides)
-        if not quiet:
-            for note in notes:
-                print(note, file=sys.stderr, flush=True)
     else:
         if config_path is None:
             raise ConfigError("give a CONFIG file for a new run (or --resume RUN/last.ckpt)")
         cfg = load_config(config_path, overrides)
+        notes = []
     trainer = Trainer(cfg, quiet=quiet, verbose=verbose, callbacks=callbacks)
+    trainer.resume_notes = notes
     return trainer.fit(resume=resume, force=force)
 
 

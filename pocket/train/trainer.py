@@ -173,6 +173,7 @@ class Trainer:
         self.skipped_steps = 0
         self.stopped: dict | None = None  # why early stopping ended the run, once it has
         self._saved_epoch: int | None = None  # what last.ckpt holds on disk
+        self.resume_notes: list[str] = []  # said once the checkpoint has been restored
 
     # ------------------------------------------------------------------ setup
 
@@ -427,6 +428,8 @@ class Trainer:
                                   f"{e}); resume from another checkpoint or start a new run"
                                   ) from None
         self.history = list(ck["meta"].get("history", []))
+        for note in self.resume_notes:
+            _log(self.quiet, note)
         epochs, saved_epochs = self.cfg["train"]["epochs"], int(saved_cfg["train"]["epochs"])
         if epochs != saved_epochs:
             self._extend_schedule(fresh, saved_epochs)
