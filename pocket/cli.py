@@ -113,7 +113,7 @@ def main() -> None:
 @click.option("--memory-budget", metavar="SIZE",
               help="Plan micro-batch, accumulation, checkpointing and precision to fit, e.g. 4GiB.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]),
-              help="Compute precision (fp16 keeps fp32 master weights; CUDA).")
+              help="Compute precision (fp16 keeps fp32 master weights; no bf16: NumPy/CuPy lack it).")
 @click.option("--out", "out", type=click.Path(file_okay=False), metavar="RUN_DIR",
               help="Run folder for checkpoints and metrics (default runs/<config name>).")
 @click.option("--resume", type=click.Path(dir_okay=False), metavar="CKPT",
