@@ -143,6 +143,10 @@ def train(config, as_json, quiet, verbose, **flags):
     on the CPU): config, epochs, schedule and folder come from the checkpoint;
     CONFIG is then optional, --epochs extends the run, --device moves it, and
     other flags must repeat the run's values. Ctrl-C prints the resume command.
+
+    Early stopping and the run's result: [train] patience, min_delta, monitor
+    (auto, val_loss, val_accuracy, val_r2, ...) and keep = "best" | "last".
+    Curves: pocket plot RUN_DIR writes RUN_DIR/plot.png.
     """
     from pocket.train.run import render, train_from_config
 

@@ -173,6 +173,19 @@ def test_resume_refuses_flags_that_would_change_the_run(run):
             assert w in str(e.value), (w, str(e.value))
 
 
+def test_a_config_file_that_differs_is_named_and_the_checkpoint_wins(run, capsys):
+    d, cfg, whole = run
+    out = d / "differs"
+    shutil.copytree(whole, out)
+    other = d / "other.toml"
+    other.write_text(cfg.read_text().replace("lr = 3e-3", "lr = 0.1"))
+    r = train_from_config(str(other), {"resume": str(out / "last.ckpt")})
+    err = capsys.readouterr().err
+    assert "differs from the checkpoint's config in [train] lr" in err
+    assert "nothing to train" in err and r["epochs"] == 3
+    _assert_same_run(out, whole)
+
+
 def test_epochs_extend_a_finished_run_and_the_log_says_so(run, capsys):
     d, cfg, whole = run
     out = d / "extended"
@@ -194,8 +207,9 @@ def test_early_stopping_and_keeping_the_last_checkpoint(run, capsys):
     cfg2 = d / "early.toml"
     cfg2.write_text(text)
     out = d / "early"
-    r = train_from_config(str(cfg2), {"out": str(out)})
+    r = train_from_config(str(cfg2), {"out": str(out)}, verbose=True)
     err = capsys.readouterr().err
+    assert "peak" in err and "MiB" in err  # --verbose's extra on each epoch line
     # Epoch 1 sets the best; epoch 2 cannot beat it by 100, and patience is 1 epoch.
     assert r["epochs"] == 2 and r["stopped_early"]["epoch"] == 2
     assert "early stop after epoch 2" in err and "val_loss has not improved by more than 100" \
