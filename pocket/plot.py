@@ -59,13 +59,13 @@ def _series(rows: list[dict], key: str, scale: float = 1.0) -> list[float] | Non
 
 def plot_run(run: str | Path, output: str | Path | None = None) -> dict:
     """Write the PNG; returns {"output", "epochs", "panels", "series"}."""
+    path, rows = read_metrics(run)  # a wrong folder fails before matplotlib's import
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise PlotError(f"pocket plot needs matplotlib: {PLOT_EXTRA}") from None
-    path, rows = read_metrics(run)
     out = Path(output) if output else path.parent / "plot.png"
     epochs = [r["epoch"] for r in rows]
     metric_keys = (("train_accuracy", "val_accuracy") if any("val_accuracy" in r or
