@@ -304,6 +304,25 @@ def test_yaml_configs_read_like_toml(tmp_path):
     assert "did you mean 'epochs'" in messages[0]
 
 
+def test_the_yaml_example_is_the_toml_example():
+    pytest.importorskip("yaml")
+    examples = REPO / "examples"
+    assert load_config(examples / "digits_cnn.yaml") == load_config(examples / "digits_cnn.toml")
+
+
+def test_a_separate_npz_test_set_must_have_the_training_sample_shape(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "train.npz", x=rng.random((30, 1, 4, 4)), y=np.arange(30) % 3)
+    np.savez(tmp_path / "test.npz", x=rng.random((6, 1, 4, 4)), y=np.array([2, 2, 1, 0, 1, 2]))
+    np.savez(tmp_path / "wide.npz", x=rng.random((6, 1, 4, 5)), y=np.arange(6) % 3)
+    ds = load_dataset(f"npz:{tmp_path / 'train.npz'}", test=f"npz:{tmp_path / 'test.npz'}",
+                      val_fraction=0.2)
+    assert len(ds.test) == 6 and ds.test.y.tolist() == [2, 2, 1, 0, 1, 2]
+    assert len(ds.train) + len(ds.val) == 30  # nothing of the training file held out as test
+    with pytest.raises(DataError, match=r"\[data\] test .*\[1, 4, 5\].*\[1, 4, 4\]"):
+        load_dataset(f"npz:{tmp_path / 'train.npz'}", test=f"npz:{tmp_path / 'wide.npz'}")
+
+
 def test_yaml_without_pyyaml_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "yaml", None)
     (tmp_path / "a.yaml").write_text(YAML)
