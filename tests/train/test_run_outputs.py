@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from pocket.cli import main
 from pocket.train.config import ConfigError, load_config
 from pocket.train.data.sources import DataError, load_dataset
-from pocket.train.trainer import Progress
+from pocket.train.progress import Progress
 
 REPO = Path(__file__).resolve().parents[2]
 DIABETES = REPO / "examples" / "data" / "diabetes.csv"
