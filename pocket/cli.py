@@ -40,8 +40,8 @@ def handle_errors(fn):
             return fn(*args, **kwargs)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
-        except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
+        except KeyboardInterrupt as e:
+            click.echo(str(e) or "Interrupted.", err=True)
             sys.exit(130)
         except PocketError as e:
             if _debug():
@@ -102,35 +102,77 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--data", "data", metavar="SRC",
               help="Dataset: digits, mnist[:PATH], cifar10[:PATH], csv:PATH, npz:PATH, folder:PATH.")
-@click.option("--epochs", type=click.IntRange(min=1), help="Number of epochs.")
+@click.option("--epochs", type=click.IntRange(min=1),
+              help="Number of epochs (with --resume: extends the run).")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Samples per optimizer step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), help="Peak learning rate.")
 @click.option("--device", metavar="auto|cpu|cuda[:N]", help="Where to train (default auto).")
 @click.option("--memory-budget", metavar="SIZE",
               help="Plan micro-batch, accumulation, checkpointing and precision to fit, e.g. 4GiB.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]),
-              help="Compute precision (fp16/bf16 keep fp32 master weights).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]),
+              help="Compute precision (fp16 keeps fp32 master weights; no bf16: NumPy/CuPy lack it).")
 @click.option("--out", "out", type=click.Path(file_okay=False), metavar="RUN_DIR",
               help="Run folder for checkpoints and metrics (default runs/<config name>).")
 @click.option("--resume", type=click.Path(dir_okay=False), metavar="CKPT",
-              help="Continue a run exactly where this checkpoint stopped.")
+              help="Continue the run this checkpoint belongs to, in its folder, with its config.")
+@click.option("--force", is_flag=True,
+              help="Overwrite the run folder if it already holds a run (refused otherwise).")
 @click.option("--seed", type=int, help="Random seed (weights, shuffling, dropout).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object; progress to stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or epoch lines on stderr.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="More per epoch on stderr: every validation metric, peak memory.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object on stdout; progress still goes to stderr.")
 @handle_errors
-def train(config, as_json, **flags):
-    """Train the model described by CONFIG (TOML); flags override the file.
+def train(config, as_json, quiet, verbose, **flags):
+    """Train the model described by CONFIG (TOML, or YAML: .yaml/.yml); flags override the file.
 
-    Writes RUN_DIR/best.ckpt, RUN_DIR/last.ckpt and RUN_DIR/metrics.jsonl, then prints the
-    final metrics and the memory report by category.
+    Writes RUN_DIR/best.ckpt, RUN_DIR/last.ckpt (before the first step and after every
+    epoch), RUN_DIR/metrics.jsonl (one line per epoch) and summary.json, then prints the final
+    metrics and the memory report by category. TensorBoard event files go to
+    RUN_DIR/tensorboard when tensorboardX is installed (pip install 'pocketnn[tensorboard]').
+
+    \b
+    A new run refuses a RUN_DIR that already holds a run: resume it, choose
+    another --out, or pass --force to overwrite it.
+    \b
+    pocket train --resume RUN_DIR/last.ckpt continues that run exactly (bitwise
+    on the CPU): config, epochs, schedule and folder come from the checkpoint;
+    CONFIG is then optional, --epochs extends the run, --device moves it, and
+    other flags must repeat the run's values. Ctrl-C prints the resume command.
+
+    Early stopping and the run's result: [train] patience, min_delta, monitor
+    (auto, val_loss, val_accuracy, val_r2, ...) and keep = "best" | "last".
+    Curves: pocket plot RUN_DIR writes RUN_DIR/plot.png.
     """
     from pocket.train.run import render, train_from_config
 
-    overrides = {k: v for k, v in flags.items() if v is not None}
-    result = train_from_config(config, overrides, quiet=as_json)
+    if quiet and verbose:
+        raise click.UsageError("choose one of --quiet and --verbose")
+    if config is None and not flags.get("resume"):
+        raise click.UsageError("give a CONFIG file (or --resume RUN_DIR/last.ckpt)")
+    overrides = {k: v for k, v in flags.items() if v is not None and v is not False}
+    result = train_from_config(config, overrides, quiet=quiet, verbose=verbose)
     emit(result, as_json, render)
+
+
+@main.command()
+@click.argument("run_dir", metavar="RUN", type=click.Path())
+@click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="OUT.png",
+              help="Where to write the PNG (default RUN/plot.png).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@handle_errors
+def plot(run_dir, output, as_json):
+    """Draw a run's loss, metrics, learning rate and memory per epoch as a PNG.
+
+    RUN is a run folder (or its metrics.jsonl). Needs matplotlib: pip install 'pocketnn[plot]'.
+    """
+    from pocket.plot import plot_run, render
+
+    emit(plot_run(run_dir, output), as_json, render)
 
 
 @main.command()

@@ -21,7 +21,7 @@ timeout 200 $py -m pytest -m gpu -q -p no:cacheprovider -x tests/train 2>&1 | ta
 echo "== digits on the GPU, fp32 and fp16" >&2
 for p in fp32 fp16; do
   timeout 120 $py -m pocket.cli train examples/digits_cnn.toml --device cuda --precision $p \
-    --out "/tmp/pocket_gpu_digits_$p" --json > "$OUT/digits_$p.json" 2> "$OUT/digits_$p.err"
+    --out "/tmp/pocket_gpu_digits_$p" --force --json > "$OUT/digits_$p.json" 2> "$OUT/digits_$p.err"
   echo "digits $p exit $?" | tee -a "$OUT/summary.txt"
 done
 
@@ -37,7 +37,7 @@ open("/tmp/pocket_gpu_vgg.toml", "w").write(
     '[train]\nepochs = 2\nbatch_size = 256\noptimizer = "sgd"\nlr = 0.05\n')
 PY
 timeout 240 $py -m pocket.cli train /tmp/pocket_gpu_vgg.toml --device cuda --memory-budget 4GiB \
-  --out /tmp/pocket_gpu_vgg --json > "$OUT/vgg_budget.json" 2> "$OUT/vgg_budget.err"
+  --out /tmp/pocket_gpu_vgg --force --json > "$OUT/vgg_budget.json" 2> "$OUT/vgg_budget.err"
 echo "vgg budget exit $?" | tee -a "$OUT/summary.txt"
 $py - "$OUT" <<'PY'
 import json, sys

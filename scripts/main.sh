@@ -13,7 +13,9 @@ mkdir -p "$RUN"
 start=$(date +%s)
 
 echo "== 1/5 train" >&2
-"$pocket" train examples/digits_cnn.toml --out "$RUN"
+# --force: the main job reruns into the same folder on purpose (pocket refuses otherwise).
+"$pocket" train examples/digits_cnn.toml --out "$RUN" --force
+"$pocket" plot "$RUN" -o "$RUN/plot.png"
 
 echo "== 2/5 export" >&2
 "$pocket" export "$RUN/best.ckpt" -o "$RUN/model.bin" --json > "$RUN/export-fp32.json"

@@ -43,6 +43,9 @@ def main(run: str, seconds: int) -> None:
     print(f"  agreement       fp32 .bin {a32:.2f}% (max abs err {e32:.1e})   int8 .bin {a8:.2f}%   "
           f"int8 ONNX {ao:.2f}%")
     print(f"  trained in {train['seconds']:.0f}s; checkpoint {train['best_checkpoint']}")
+    plot = Path(run, "plot.png")
+    if plot.exists():
+        print(f"  training curves {plot} (loss, metrics, lr, memory per epoch)")
     print("  compare gates: " + ("PASS" if c32["passed"] and c8["passed"] else "FAIL"))
 
 

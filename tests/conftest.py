@@ -50,7 +50,8 @@ def digits_ckpt(tmp_path_factory) -> str:
             from pocket.train.run import train_from_config
 
             config = Path(__file__).parent.parent / "examples" / "digits_cnn.toml"
-            train_from_config(str(config), {"out": str(folder / "run"),
+            # force: a run that a killed worker left unfinished (no "done") is redone.
+            train_from_config(str(config), {"out": str(folder / "run"), "force": True,
                                             "epochs": DIGITS_TEST_EPOCHS}, quiet=True)
             (folder / "done").write_text("ok")
     return str(ckpt)

@@ -65,3 +65,54 @@ def load_checkpoint(path: str | Path) -> dict:
     optimizer_state = {**meta.get("optimizer", {}), "state": optim}
     return {"graph": graph, "state": state, "optimizer": optimizer_state, "meta": meta,
             "calib": calib}
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def check_trainer_state(meta: dict, path: str | Path) -> dict:
+    """The trainer state a resume reads, checked for shape before anything uses it: a
+    hand-edited or foreign checkpoint is one clear error, not a TypeError mid-restore.
+    Returns the saved config, validated as a config file would be."""
+    from pocket.train.config import ConfigError, merge
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: trainer state is malformed ({what}); resume from "
+                               "another checkpoint or start a new run")
+
+    t, cfg = meta.get("trainer"), meta.get("config")
+    if not isinstance(t, dict) or not isinstance(cfg, dict):
+        raise bad("no trainer or config table")
+    try:
+        cfg = merge(cfg, "config")
+    except ConfigError as e:
+        raise bad(f"its config: {e}") from None
+    for key in ("epoch", "step"):
+        if not _is_count(t.get(key)):
+            raise bad(f"{key} must be a non-negative int, got {t.get(key)!r}")
+    if not _is_count(t.get("skipped_steps", 0)):
+        raise bad("skipped_steps must be a non-negative int")
+    for key in ("rng", "schedule", "scaler"):
+        if not isinstance(t.get(key), dict):
+            raise bad(f"{key} must be a table, got {type(t.get(key)).__name__}")
+    for key, v in t["schedule"].items():
+        if not isinstance(v, int | float) or isinstance(v, bool) or v != v:
+            raise bad(f"schedule {key} must be a number, got {v!r}")
+    best = t.get("best")
+    if best is not None and not (
+            isinstance(best, dict) and _is_count(best.get("epoch"))
+            and 1 <= best["epoch"] <= t["epoch"] and isinstance(best.get("metric"), str)
+            and isinstance(best.get("rank"), list) and best["rank"]
+            and all(isinstance(r, int | float) and not isinstance(r, bool) for r in best["rank"])):
+        raise bad(f"best must be a table with epoch, metric and rank, got {best!r}")
+    stopped = t.get("stopped")
+    if stopped is not None and not (isinstance(stopped, dict) and _is_count(stopped.get("epoch"))
+                                    and isinstance(stopped.get("reason"), str)):
+        raise bad(f"stopped must be a table with epoch and reason, got {stopped!r}")
+    history = meta.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        raise bad("history must be a list of tables")
+    if best is not None and len(history) < best["epoch"]:
+        raise bad(f"history has {len(history)} rows but the best epoch is {best['epoch']}")
+    return cfg

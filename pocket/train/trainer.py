@@ -3,8 +3,8 @@
 Resume is exact because everything random is a pure function of saved state: the batch order
 and augmentation come from (seed, epoch), dropout from the backend RNG whose state each
 checkpoint stores, and the model, optimizer, schedule and loss scaler are restored in full.
-A checkpoint is written at the end of every epoch, so a run killed anywhere restarts from the
-last finished epoch and replays the rest identically.
+A checkpoint is written before the first step and at the end of every epoch, so a run killed
+anywhere restarts from the last finished epoch and replays the rest identically.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -24,35 +25,37 @@ from pocket.errors import PocketError
 from pocket.formats.ir import make_metadata
 from pocket.train import backend, memory, optim
 from pocket.train import functional as F
-from pocket.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from pocket.train.config import parse_size
+from pocket.train.checkpoint import (
+    CheckpointError,
+    check_trainer_state,
+    load_checkpoint,
+    save_checkpoint,
+)
+from pocket.train.config import ConfigError, parse_size
 from pocket.train.data import Loader, load_dataset
 from pocket.train.models import build_model
+from pocket.train.progress import Progress
 from pocket.train.tensor import Tensor, no_grad
 from pocket.train.trace import trace
 
+# What a run folder holds; a new run refuses a folder with any of these unless forced.
+RUN_FILES = ("best.ckpt", "last.ckpt", "metrics.jsonl", "summary.json")
+TENSORBOARD_DIR = "tensorboard"
+TENSORBOARD_EXTRA = "pip install 'pocketnn[tensorboard]'"
+# Monitors where higher is better; the rest (losses, errors) are minimized.
+_MAXIMIZED = ("val_accuracy", "val_r2")
 
-class Progress:
-    """A one-line progress bar on a terminal's stderr; silent elsewhere."""
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled and sys.stderr.isatty()
-        self._last = 0.0
+class RunExistsError(PocketError):
+    """A new run would overwrite an existing run folder."""
 
-    def update(self, text: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or (now - self._last < 0.1 and done < total):
-            return
-        self._last = now
-        width = 24
-        filled = int(width * done / max(total, 1))
-        sys.stderr.write(f"\r{text} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}\x1b[K")
-        sys.stderr.flush()
 
-    def clear(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training; the message says what last.ckpt holds and how to resume."""
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _log(quiet: bool, msg: str) -> None:
@@ -73,9 +76,10 @@ class Trainer:
     """Train per a complete config (see config.py). `callbacks` get (trainer, epoch, step)
     after every optimizer step; tests use them to interrupt a run at a chosen point."""
 
-    def __init__(self, cfg: dict, *, quiet: bool = False, callbacks=()):
+    def __init__(self, cfg: dict, *, quiet: bool = False, verbose: bool = False, callbacks=()):
         self.cfg = cfg
         self.quiet = quiet
+        self.verbose = verbose and not quiet
         self.callbacks = list(callbacks)
         run, data_cfg, tr, mem = cfg["run"], cfg["data"], cfg["train"], cfg["memory"]
         self.device = backend.get_device(run["device"])
@@ -86,9 +90,11 @@ class Trainer:
             data_cfg["source"], target=data_cfg["target"], task=data_cfg["task"],
             val_fraction=data_cfg["val_fraction"], test_fraction=data_cfg["test_fraction"],
             cache_dir=data_cfg["cache_dir"], seed=self.seed, limit=data_cfg["limit"],
+            test=data_cfg["test"], validation=data_cfg["validation"],
             **({"image_size": data_cfg["image_size"]} if data_cfg["image_size"] else {}))
         self.task = self.data.task
         self.loss_name = tr["loss"] or ("cross_entropy" if self.task == "classification" else "mse")
+        self._check_task_choices()
         self.batch_size = tr["batch_size"]
         self._init_rng = np.random.default_rng(self.seed)
         self.model = self._build_model()
@@ -119,8 +125,31 @@ class Trainer:
         self.history: list[dict] = []
         self.best: dict | None = None
         self.skipped_steps = 0
+        self.stopped: dict | None = None  # why early stopping ended the run, once it has
+        self._saved_epoch: int | None = None  # what last.ckpt holds on disk
+        self.resume_notes: list[str] = []  # said once the checkpoint has been restored
 
     # ------------------------------------------------------------------ setup
+
+    def _check_task_choices(self) -> None:
+        """Loss and monitor that fit the data's task, refused before any training."""
+        tr = self.cfg["train"]
+        cls = self.task == "classification"
+        if cls != (self.loss_name == "cross_entropy"):
+            want = "cross_entropy" if cls else "mse, l1 or huber"
+            raise ConfigError(f"[train] loss = {self.loss_name!r} does not fit {self.data.name}, "
+                              f"a {self.task} set; use {want} (or leave loss out)")
+        mon = tr["monitor"]
+        if mon in ("val_accuracy",) and not cls or mon in ("val_r2", "val_mae", "val_rmse") and cls:
+            raise ConfigError(f"[train] monitor = {mon!r} is not measured on {self.task}; use "
+                              + ("val_loss or val_accuracy" if cls else
+                                 "val_loss, val_r2, val_mae or val_rmse"))
+        if mon.startswith("val_") and len(self.data.val) == 0:
+            raise ConfigError(f"[train] monitor = {mon!r} needs validation data, and the "
+                              "validation split is empty; raise [data] val_fraction, give "
+                              "[data] validation, or monitor train_loss")
+        if tr["patience"] and mon == "auto" and len(self.data.val) == 0:
+            _log(self.quiet, "early stopping watches train_loss: there is no validation split")
 
     def _build_model(self):
         return build_model(self.cfg["model"], self.data.input_shape, self.data.num_outputs,
@@ -277,8 +306,16 @@ class Trainer:
         err = out.astype(np.float64) - y
         std = self.data.preprocessing.get("target", {}).get("std", 1.0)
         std = np.asarray(std, np.float64)
-        return {"loss": float((err**2).mean()), "mae": float(np.abs(err * std).mean()),
-                "rmse": float(np.sqrt(((err * std) ** 2).mean()))}
+        # R² per target column, then averaged (as scikit-learn's "uniform_average"); the
+        # standardization cancels in the ratio. A constant target has no R² to speak of.
+        ss_res = (err**2).reshape(len(y), -1).sum(axis=0)
+        ss_tot = ((y - y.mean(axis=0)) ** 2).reshape(len(y), -1).sum(axis=0)
+        r2 = float(np.mean(1.0 - ss_res / ss_tot)) if len(y) > 1 and np.all(ss_tot > 0) else None
+        out = {"loss": float((err**2).mean()), "mae": float(np.abs(err * std).mean()),
+               "rmse": float(np.sqrt(((err * std) ** 2).mean()))}
+        if r2 is not None:
+            out["r2"] = r2
+        return out
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -304,7 +341,7 @@ class Trainer:
             "trainer": {"epoch": self.epoch, "step": self.step, "rng": backend.get_rng_state(),
                         "skipped_steps": self.skipped_steps, "best": self.best,
                         "schedule": self.schedule.state_dict(),
-                        "scaler": self.scaler.state_dict()},
+                        "scaler": self.scaler.state_dict(), "stopped": self.stopped},
             "history": self.history,
             "dataset": {"name": self.data.name, "task": self.task, "labels": self.data.labels,
                         "input_shape": list(self.data.input_shape)},
@@ -315,6 +352,7 @@ class Trainer:
 
     def resume(self, path: str | Path) -> None:
         ck = load_checkpoint(path)
+        check_trainer_state(ck["meta"], path)
         saved_cfg = ck["meta"]["config"]
         for section, key in (("model", None), ("data", "source"), ("train", "optimizer")):
             a = saved_cfg.get(section) if key is None else saved_cfg.get(section, {}).get(key)
@@ -326,39 +364,150 @@ class Trainer:
         try:
             self.amp.load_fp32_state_dict(ck["state"])
             self.optimizer.load_state_dict(ck["optimizer"])
-        except (ValueError, KeyError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{path}: does not fit this model: {e}") from None
         t = ck["meta"]["trainer"]
-        self.epoch, self.step = int(t["epoch"]), int(t["step"])
-        self.skipped_steps = int(t.get("skipped_steps", 0))
-        self.best = t.get("best")
-        self.schedule.load_state_dict(t["schedule"])
-        self.scaler.load_state_dict(t["scaler"])
-        backend.set_rng_state(t["rng"])
+        try:
+            self.epoch, self.step = int(t["epoch"]), int(t["step"])
+            self.skipped_steps = int(t.get("skipped_steps", 0))
+            self.best = t.get("best")
+            self.stopped = t.get("stopped")
+            fresh = self.schedule.state_dict()
+            self.schedule.load_state_dict(t["schedule"])
+            self.scaler.load_state_dict(t["scaler"])
+            backend.set_rng_state(t["rng"])
+        except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError,
+                OverflowError) as e:
+            raise CheckpointError(f"{path}: trainer state is malformed ({type(e).__name__}: "
+                                  f"{e}); resume from another checkpoint or start a new run"
+                                  ) from None
         self.history = list(ck["meta"].get("history", []))
-        if self.epoch >= self.cfg["train"]["epochs"]:
-            _log(self.quiet, f"checkpoint already finished {self.epoch} epochs; nothing to train "
-                             "(raise --epochs to continue)")
+        for note in self.resume_notes:
+            _log(self.quiet, note)
+        epochs, saved_epochs = self.cfg["train"]["epochs"], int(saved_cfg["train"]["epochs"])
+        if epochs != saved_epochs:
+            self._extend_schedule(fresh, saved_epochs)
+        if self.epoch >= epochs:
+            _log(self.quiet, f"checkpoint already finished {plural(self.epoch, 'epoch')}; "
+                             "nothing to train (raise --epochs to continue)")
+
+    def _extend_schedule(self, fresh: dict, saved_epochs: int) -> None:
+        """--epochs on resume: the schedule's horizon follows the new epoch count, said in the
+        log. A cosine then continues from where it stands on the longer curve."""
+        epochs = self.cfg["train"]["epochs"]
+        before = self.optimizer.lr
+        if "total_steps" in fresh:
+            self.schedule.total_steps = fresh["total_steps"]
+            self.schedule.warmup_steps = fresh["warmup_steps"]
+            self.schedule.load_state_dict(self.schedule.state_dict())
+        _log(self.quiet, f"resuming at epoch {self.epoch} with {plural(epochs, 'epoch')} in all "
+                         f"(the run was for {saved_epochs}); lr {before:.3g} -> "
+                         f"{self.optimizer.lr:.3g} on the {self.cfg['train']['schedule']} "
+                         f"schedule for {plural(epochs, 'epoch')}")
+
+    # ------------------------------------------------------------------ the run folder
+
+    def _prepare_out(self, resume, force: bool) -> None:
+        """Refuse to overwrite another run; clear what a killed run left half-written."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            found = [n for n in RUN_FILES if (self.out / n).exists()]
+            if found and not force:
+                raise RunExistsError(
+                    f"run folder {self.out} already holds a run ({', '.join(found)}); resume it "
+                    f"with `pocket train --resume {shlex.quote(str(self.out / 'last.ckpt'))}`, "
+                    "choose another --out, or add --force to overwrite it")
+            for n in found:
+                (self.out / n).unlink()
+            tb = self.out / TENSORBOARD_DIR
+            if tb.is_dir():
+                for f in tb.glob("events.out.tfevents.*"):
+                    f.unlink()
+        # NOTE: names the container writer (.NAME.<hex>.tmp) and _atomic_write_text
+        # (.NAME.tmp<pid>) give their temporary files; only a killed writer leaves one.
+        for n in RUN_FILES:
+            for f in self.out.glob(f".{n}.*.tmp"):
+                f.unlink(missing_ok=True)
+            for f in self.out.glob(f".{n}.tmp*"):
+                f.unlink(missing_ok=True)
+        (self.out / "summary.json.tmp").unlink(missing_ok=True)
+
+    def _tensorboard(self):
+        """A TensorBoard writer under RUN/tensorboard when the extra is installed (config
+        `[run] tensorboard`: unset = when available, true = required, false = never)."""
+        want = self.cfg["run"]["tensorboard"]
+        if want is False:
+            return None
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            if want:
+                raise ConfigError(f"[run] tensorboard = true needs tensorboardX: "
+                                  f"{TENSORBOARD_EXTRA}") from None
+            if self.verbose:
+                _log(False, f"no TensorBoard logs ({TENSORBOARD_EXTRA} to have them)")
+            return None
+        # purge_step drops events a killed run logged past the epoch it resumes from.
+        return SummaryWriter(str(self.out / TENSORBOARD_DIR), purge_step=self.epoch + 1,
+                             flush_secs=30)
 
     # ------------------------------------------------------------------ the loop
 
-    def fit(self, resume: str | Path | None = None) -> dict:
+    def fit(self, resume: str | Path | None = None, *, force: bool = False) -> dict:
         tracker = memory.get_tracker()
         tracker.reset_peak()
         if self.device.reason and self.cfg["run"]["device"] == "auto":
             _log(self.quiet, f"device: {self.device} ({self.device.reason})")
-        self.out.mkdir(parents=True, exist_ok=True)
+        self._prepare_out(resume, force)
         if resume:
             self.resume(resume)
         metrics_path = self.out / "metrics.jsonl"
         _atomic_write_text(metrics_path, "".join(json.dumps(h) + "\n" for h in self.history))
-        epochs = self.cfg["train"]["epochs"]
-        progress = Progress(not self.quiet)
-        is_cls = self.task == "classification"
+        if not resume:
+            # A checkpoint from the start: a run interrupted in its first epoch resumes too.
+            self.save(self.out / "last.ckpt")
+            self._saved_epoch = 0
+        else:
+            self._saved_epoch = self.epoch
+        tb = self._tensorboard()
         t_start = time.monotonic()
+        self._progress = Progress(not self.quiet)
+        try:
+            self._loop(tracker, metrics_path, tb)
+        except KeyboardInterrupt as e:
+            self._progress.finish()
+            if isinstance(e, TrainingInterrupted):
+                raise
+            raise TrainingInterrupted(self._interrupted_message()) from None
+        finally:
+            if tb is not None:
+                tb.close()
+        return self._finish(time.monotonic() - t_start, tracker)
+
+    def _interrupted_message(self) -> str:
+        last = self.out / "last.ckpt"
+        epochs = self.cfg["train"]["epochs"]
+        held = self._saved_epoch or 0
+        what = (f"holds epoch {held} of {epochs}" if held else
+                "holds the start of the run (no epoch finished)")
+        return (f"Interrupted in epoch {self.epoch + 1} of {epochs}; {last} {what}. Resume with: "
+                f"pocket train --resume {shlex.quote(str(last))}")
+
+    def _loop(self, tracker, metrics_path: Path, tb) -> None:
+        epochs = self.cfg["train"]["epochs"]
+        progress = self._progress
+        is_cls = self.task == "classification"
+        if self.stopped is not None:
+            _log(self.quiet, f"this run stopped early at epoch {self.stopped['epoch']}: "
+                             f"{self.stopped['reason']}; nothing to train")
+            return
+        first_epoch, t_loop = self.epoch, time.monotonic()
         while self.epoch < epochs:
             self.model.train()
             t0 = time.monotonic()
+            done = self.epoch - first_epoch
+            per_epoch = (t0 - t_loop) / done if done else None
+            run_left = per_epoch * (epochs - self.epoch - 1) if per_epoch is not None else None
             loss_sum, correct, seen = 0.0, 0, 0
             for i, (xb, yb) in enumerate(self.train_loader.epoch(self.epoch)):
                 loss, ok = self.train_step(xb, yb)
@@ -366,7 +515,8 @@ class Trainer:
                 correct += ok
                 seen += len(xb)
                 text = f"epoch {self.epoch + 1}/{epochs} loss {loss_sum / seen:.4f}"
-                progress.update(text, i + 1, self.steps_per_epoch)
+                progress.update(text, i + 1, self.steps_per_epoch, time.monotonic() - t0,
+                                run_left)
                 for cb in self.callbacks:
                     cb(self, self.epoch, i)
             progress.clear()
@@ -385,45 +535,92 @@ class Trainer:
                    for k, v in row.items()}
             self.history.append(row)
             key, rank = self._rank(row)
-            better = self.best is None or rank > tuple(self.best["rank"])
+            better = self._improves(rank)
             if better:
                 self.best = {"epoch": self.epoch, "metric": key, "score": row[key],
                              "rank": list(rank)}
+            self.stopped = self._early_stop()
             # NOTE: best before last. A kill between the two writes then resumes from the
             # previous last.ckpt and replays this epoch; the other order would resume believing
             # this epoch's best.ckpt was written when it was not.
             if better:
                 self.save(self.out / "best.ckpt", self._summary_metrics(row))
             self.save(self.out / "last.ckpt", self._summary_metrics(row))
+            self._saved_epoch = self.epoch
             with open(metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
+            if tb is not None:
+                for k, v in row.items():
+                    if k != "epoch" and isinstance(v, int | float) and not isinstance(v, bool):
+                        tb.add_scalar(k, v, self.epoch)
             _log(self.quiet, self._epoch_line(row))
-        return self._finish(time.monotonic() - t_start, tracker)
+            if self.stopped is not None:
+                _log(self.quiet, f"early stop after epoch {self.epoch}: "
+                                 f"{self.stopped['reason']}; best epoch "
+                                 f"{self.stopped['best_epoch']}")
+                break
 
-    @staticmethod
-    def _rank(row: dict) -> tuple[str, tuple]:
-        """What "best" means: higher validation accuracy, ties broken by lower validation loss
-        (so a later, better-fitted epoch wins a tie); without labels for accuracy, the lowest
-        validation (else training) loss. Non-finite values rank last."""
+    def _rank(self, row: dict) -> tuple[str, tuple]:
+        """What "best" means, higher rank first. `monitor = "auto"`: higher validation accuracy,
+        ties broken by lower validation loss (so a later, better-fitted epoch wins a tie);
+        without labels for accuracy, the lowest validation (else training) loss. A chosen
+        monitor ranks by itself alone. Non-finite values rank last."""
         def val(k):
             v = row.get(k)
             return v if isinstance(v, float) and math.isfinite(v) else None
 
+        # NOTE: -1e308, not -inf, so the rank stays writable as JSON in the checkpoint.
+        worst = -1e308
+        mon = self.cfg["train"]["monitor"]
+        if mon != "auto":
+            v = val(mon)
+            return mon, ((v if mon in _MAXIMIZED else -v) if v is not None else worst,)
         if val("val_accuracy") is not None:
             loss = val("val_loss")
-            return "val_accuracy", (row["val_accuracy"], -loss if loss is not None else -math.inf)
+            return "val_accuracy", (row["val_accuracy"], -loss if loss is not None else worst)
         key = "val_loss" if "val_loss" in row else "train_loss"
-        return key, ((-val(key)) if val(key) is not None else -math.inf,)
+        return key, ((-val(key)) if val(key) is not None else worst,)
+
+    def _improves(self, rank: tuple) -> bool:
+        if self.best is None:
+            return True
+        best = tuple(self.best["rank"])
+        delta = self.cfg["train"]["min_delta"]
+        if delta > 0:
+            return rank[0] > best[0] + delta
+        return rank > best
+
+    def _early_stop(self) -> dict | None:
+        patience = self.cfg["train"]["patience"]
+        if not patience or self.best is None:
+            return None
+        waited = self.epoch - int(self.best["epoch"])
+        if waited < patience:
+            return None
+        delta = self.cfg["train"]["min_delta"]
+        return {"epoch": self.epoch, "best_epoch": int(self.best["epoch"]),
+                "reason": f"{self.best['metric']} has not improved"
+                          + (f" by more than {delta:g}" if delta else "")
+                          + f" for {plural(waited, 'epoch')} (patience {patience})"}
 
     def _summary_metrics(self, row: dict) -> dict:
         return {k: v for k, v in row.items() if k.startswith("val_") or k == "epoch"}
 
     def _epoch_line(self, row: dict) -> str:
-        parts = [f"epoch {row['epoch']:>3}", f"loss {row['train_loss']:.4f}"]
+        def num(v, spec):
+            return format(v, spec) if isinstance(v, float) else str(v)
+
+        parts = [f"epoch {row['epoch']:>3}", f"loss {num(row['train_loss'], '.4f')}"]
         if "val_accuracy" in row:
             parts.append(f"val acc {row['val_accuracy'] * 100:.2f}%")
-        elif "val_loss" in row:
-            parts.append(f"val loss {row['val_loss']:.4f}")
+        if "val_loss" in row and ("val_accuracy" not in row or self.verbose):
+            parts.append(f"val loss {num(row['val_loss'], '.4f')}")
+        if "val_r2" in row:
+            parts.append(f"val R² {num(row['val_r2'], '.4f')}")
+        if self.verbose:
+            parts.extend(f"{k[4:]} {num(v, '.4g')}" for k, v in row.items()
+                         if k in ("val_mae", "val_rmse"))
+            parts.append(f"peak {row['peak_bytes'] / 2**20:.1f} MiB")
         parts.append(f"lr {row['lr']:.2e}")
         parts.append(f"{row['time_s']:.1f}s")
         if row.get("skipped_steps"):
@@ -432,8 +629,10 @@ class Trainer:
 
     def _finish(self, seconds: float, tracker) -> dict:
         best_path = self.out / "best.ckpt"
+        keep = self.cfg["train"]["keep"]
+        result_path = best_path if keep == "best" else self.out / "last.ckpt"
         test = {}
-        if best_path.exists() and self.best is not None:
+        if keep == "best" and best_path.exists() and self.best is not None:
             ck = load_checkpoint(best_path)
             current = self.amp.fp32_state_dict()
             self.amp.load_fp32_state_dict(ck["state"])
@@ -443,12 +642,20 @@ class Trainer:
                        **{f"test_{k}": v for k, v in test.items()}}
             self._rewrite_metadata(best_path, metrics)
             self.amp.load_fp32_state_dict(current)
+        elif keep == "last" and self.history:
+            test = self.evaluate(self.data.test)
+            metrics = {**self._summary_metrics(self.history[-1]),
+                       **{f"test_{k}": v for k, v in test.items()}}
+            self._rewrite_metadata(result_path, metrics)
         report = tracker.report()
         gpu = backend.gpu_pool_stats() if self.device.kind == "cuda" else None
         result = {
             "run_dir": str(self.out),
             "best_checkpoint": str(best_path),
             "last_checkpoint": str(self.out / "last.ckpt"),
+            "result_checkpoint": str(result_path),
+            "keep": keep,
+            "stopped_early": self.stopped,
             "epochs": self.epoch,
             "steps": self.step,
             "seconds": round(seconds, 2),

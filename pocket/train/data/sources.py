@@ -90,11 +90,15 @@ def load_dataset(
     limit: int | None = None,
     image_size: int | Sequence[int] | None = None,
     channels: int | None = None,
+    test: str | None = None,
+    validation: str | None = None,
 ) -> Dataset:
     """Load SRC (`digits`, `mnist[:PATH]`, `cifar10[:PATH]`, `csv:PATH`, `npz:PATH`, `folder:PATH`).
 
     target: the CSV target column. task: "classification" | "regression" to override the guess.
     image_size: (H, W) or one int for `folder:`; channels: 1 or 3 for `folder:`.
+    test, validation: a separate `csv:PATH` or `npz:PATH` for that split (same columns or
+    sample shape as SRC); it replaces test_fraction / val_fraction.
     """
     _check_args(task, val_fraction, test_fraction, seed, limit)
     kind, _, path = src.partition(":")
@@ -109,8 +113,49 @@ def load_dataset(
         raise DataError("the digits dataset is bundled and takes no path; use plain 'digits'")
     raw = _read(kind, path, target=target, task=task, cache_dir=resolve_cache_dir(cache_dir),
                 image_size=image_size, channels=channels)
-    return _finish(src if kind in ("csv", "npz", "folder") else kind, raw,
-                   val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, limit=limit)
+    name = src if kind in ("csv", "npz", "folder") else kind
+    if task is not None and raw.task != task:
+        raise DataError(f"{name}: [data] task = {task!r}, but this is a {raw.task} set; remove "
+                        "task (or use a source with the other kind of target)")
+    extra = {}
+    for split, other in (("test", test), ("val", validation)):
+        if other:
+            extra[split] = _read_extra(other, raw, target=target, split=split)
+    return _finish(name, raw, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
+                   limit=limit, extra=extra)
+
+
+def _read_extra(src: str, main: Raw, *, target: str | None, split: str) -> tuple:
+    """A separate test or validation source, made to line up with the main one: the same
+    columns (reordered by name) or sample shape, class ids remapped to the main set's labels."""
+    key = "test" if split == "test" else "validation"
+    kind, _, path = src.partition(":")
+    kind = kind.strip().lower()
+    if kind not in ("csv", "npz") or not path:
+        raise DataError(f"[data] {key} = {src!r}: give csv:PATH or npz:PATH")
+    raw = _read(kind, os.path.expanduser(path), target=target, task=main.task)
+    where = f"[data] {key} ({path})"
+    x = raw.x
+    if main.kind == "table" and main.columns and raw.columns:
+        missing = [c for c in main.columns if c not in raw.columns]
+        if missing:
+            raise DataError(f"{where}: no column(s) {', '.join(map(repr, missing))} that the "
+                            "training data has")
+        x = x[:, [raw.columns.index(c) for c in main.columns]]
+    if x.shape[1:] != main.x.shape[1:]:
+        raise DataError(f"{where}: samples are {list(x.shape[1:])}, the training data's "
+                        f"{list(main.x.shape[1:])}")
+    y = raw.y
+    if main.task == "classification":
+        labels = main.labels or []
+        unknown = [v for v in (raw.labels or []) if v not in labels]
+        if unknown:
+            raise DataError(f"{where}: class(es) {', '.join(map(repr, unknown[:5]))} do not occur "
+                            "in the training data")
+        y = np.asarray([labels.index(raw.labels[i]) for i in y], np.int64)
+    check_finite(x, where, "x")
+    check_finite(y, where, "y")
+    return x, y
 
 
 def _check_args(task, val_fraction, test_fraction, seed, limit) -> None:
@@ -180,7 +225,7 @@ def split_indices(y: np.ndarray, fraction: float, rng: np.random.Generator,
 
 
 def _finish(name: str, raw: Raw, *, val_fraction: float, test_fraction: float, seed: int,
-            limit: int | None) -> Dataset:
+            limit: int | None, extra: dict | None = None) -> Dataset:
     check_finite(raw.x, name, "x")
     check_finite(raw.y, name, "y")
     if raw.x_test is not None:
@@ -188,14 +233,22 @@ def _finish(name: str, raw: Raw, *, val_fraction: float, test_fraction: float, s
         check_finite(raw.y_test, name, "y_test")
     stratify = raw.task == "classification"
     x, y = raw.x, raw.y
-    if raw.x_test is None:
+    extra = extra or {}
+    if "test" in extra:
+        x_test, y_test = extra["test"]
+    elif raw.x_test is None:
         keep, test = split_indices(y, test_fraction, np.random.default_rng(TEST_SPLIT_SEED), stratify)
         x_test, y_test = x[test], y[test]
         x, y = x[keep], y[keep]
     else:
         x_test, y_test = raw.x_test, raw.y_test
-    keep, val = split_indices(y, val_fraction, np.random.default_rng(seed), stratify)
-    parts = {"train": (x[keep], y[keep]), "val": (x[val], y[val]), "test": (x_test, y_test)}
+    if "val" in extra:
+        keep, val = np.arange(len(y)), None
+        x_val, y_val = extra["val"]
+    else:
+        keep, val = split_indices(y, val_fraction, np.random.default_rng(seed), stratify)
+        x_val, y_val = x[val], y[val]
+    parts = {"train": (x[keep], y[keep]), "val": (x_val, y_val), "test": (x_test, y_test)}
     if limit is not None:
         parts = {k: (a[:limit], b[:limit]) for k, (a, b) in parts.items()}
     if parts["train"][1].shape[0] == 0:

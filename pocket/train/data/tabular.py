@@ -110,8 +110,14 @@ def _target(path: str, name: str, cells: list[str], lines: list[int], task: str 
 def read_npz(path: str, *, task: str | None) -> Raw:
     """Arrays x, y and optionally x_test, y_test, labels (str), columns (str); no pickle."""
     try:
-        with np.load(path, allow_pickle=False) as z:
+        # NOTE: our own open: np.load leaks its file handle when the zip directory is corrupt.
+        with open(path, "rb") as f, np.load(f, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
+        # NOTE: np.load hands back the raw bytes of a member that is not an .npy (a pickle
+        # stored as x.npy, say) instead of refusing it.
+        odd = sorted(k for k, v in arrays.items() if not isinstance(v, np.ndarray))
+        if odd:
+            raise ValueError(f"member(s) {', '.join(odd)} are not .npy arrays")
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
