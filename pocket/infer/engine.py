@@ -525,6 +525,7 @@ class Engine:
         self._bound.clear()
         self._params = {}
         self._prep = []
+        self._ctx = None  # (it holds views of the weights too: the mapping closes once they go)
         if self._owns:
             self._container.close()
 
