@@ -341,9 +341,7 @@ class Engine:
                 raise EngineError(f"output '{o}' is a param; this engine returns computed values")
             buffers[root[o]].last = len(g.nodes)
         total = _assign_offsets(list(buffers.values()))
-        raw = np.zeros(total + ALIGN, np.uint8)
-        start = (-raw.ctypes.data) % ALIGN
-        self._arena = raw[start:start + total]
+        self._arena = _alloc_arena(total)
         self._root, self._buffers = root, buffers
 
     def _view(self, v: str, n: int) -> np.ndarray:
@@ -691,6 +689,15 @@ def _blas_setter(c):
     get = getattr(c, "_get_symbol", None)
     f = get("openblas_set_num_threads") if get and c.internal_api == "openblas" else None
     return f if f is not None else c.set_num_threads
+
+
+def _alloc_arena(nbytes: int) -> np.ndarray:
+    """The activation arena: nbytes of zeroed uint8, its start ALIGN-aligned. The one place the
+    arena is allocated, so that a test can place it elsewhere (tests/infer/test_route_fuzz.py
+    puts it against a guard page)."""
+    raw = np.zeros(nbytes + ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start:start + nbytes]
 
 
 def _assign_offsets(buffers: list[_Buffer]) -> int:
