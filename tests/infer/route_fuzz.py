@@ -195,21 +195,11 @@ def cases(dtype: str, kind: str):
     return case()
 
 
-def _pitch_padding(case: dict) -> bool:
-    """A stride-1 conv padded past its kernel's reach (padding > dilation * (k - 1))."""
-    return any(cv["stride"] == [1, 1] and any(
-        cv["padding"][i] > cv["dilation"][i] * (cv["kernel"][i] - 1) for i in range(2))
-        for cv in case.get("convs", []))
-
-
-# Known engine bugs, by name: the cases each one breaks. The fuzz tests leave these cases out
-# and a strict xfail test runs them alone, so a fix shows up as an XPASS (then delete the entry).
-KNOWN_BUGS = {
-    # issue 21: the pitch routes (kernels_fma, kernels_vnni in place, kernels_fp32's
-    # gemm_pitch) lay the output rows at a pitch of W + pw < Wo: wrong results on AVX-512,
-    # out-of-bounds reads in bias_act_pitch on the portable path
-    "pitch-padding": _pitch_padding,
-}
+# Known engine bugs, by name: a predicate on cases that each one breaks. The fuzz tests leave
+# these cases out and a strict xfail test runs them alone, so a fix shows up as an XPASS (then
+# delete the entry). Empty: the padding past the kernel's reach at stride 1, which the pitch
+# routes misread (issue 21), is now a declared limit of those routes (routes.base.pitch_limit).
+KNOWN_BUGS: dict = {}
 
 
 def _conv_hw(a: dict) -> tuple[int, int]:
@@ -310,31 +300,63 @@ def kernel_names(calls) -> set[str]:
     return names
 
 
-def check(case: dict, seen: dict[str, int] | None = None) -> None:
-    """Run one case through the engine (twice: the first call copies the input into the
-    arena, the second may read the caller's array in place) and compare with the reference:
-    fp32 within 1e-5 of the output's largest magnitude, int8 exactly."""
-    from pocket.infer import Engine
-    from pocket.infer import engine as engine_mod
+def eligible_routes(eng) -> set[str]:
+    """The routes (routes.TABLE names) that every conv2d, or every linear, of the engine's
+    graph is eligible for on this CPU: those POCKET_ROUTE can force on the whole model."""
+    from pocket.infer.routes import TABLE
+    from pocket.infer.routes.base import dtype_of, geometry_of
 
+    per_op: dict[str, set[str]] = {}
+    for node in eng.graph.nodes:
+        if node.op in TABLE:
+            geo, dtype = geometry_of(eng._ctx, node), dtype_of(node)
+            ok = {r.name for r in TABLE[node.op] if r.limits(geo, dtype, eng._ctx.cpu) is None}
+            per_op[node.op] = per_op.get(node.op, ok) & ok
+    return set().union(*per_op.values())
+
+
+def check(case: dict, seen: dict[str, int] | None = None) -> None:
+    """Run one case through the engine on the route the table picks and then forced on each
+    other eligible route (POCKET_ROUTE), each twice (the first call copies the input into the
+    arena, the second may read the caller's array in place), and compare with the reference:
+    fp32 within 1e-5 of the output's largest magnitude, int8 exactly."""
     print("CASE", json.dumps(case, sort_keys=True), file=sys.stderr, flush=True)
     graph, params, quant, x = build(case)
     want = ref.run(graph, params, {"x": x}, quant)[graph.outputs[0]]
-    saved = engine_mod._PARALLEL_WORK
+    seen = {} if seen is None else seen
+    taken, others = _run(case, graph, params, quant, x, want, None, seen)
+    for route in sorted(others - taken):
+        _run(case, graph, params, quant, x, want, route, seen)
+
+
+def _run(case, graph, params, quant, x, want, route: str | None, seen: dict) -> tuple[set, set]:
+    """One engine (POCKET_ROUTE=route where given) on the case; (routes taken, routes eligible)."""
+    from pocket.infer import Engine
+    from pocket.infer import engine as engine_mod
+
+    saved, env = engine_mod._PARALLEL_WORK, os.environ.pop("POCKET_ROUTE", None)
     engine_mod._PARALLEL_WORK = 0 if case["split"] else saved
+    if route is not None:
+        os.environ["POCKET_ROUTE"] = route
     try:
         with Engine(FakeContainer(graph, params, quant), threads=case["threads"],
                     max_batch=case["max_batch"]) as eng:
+            taken = {r["route"] for r in eng.routes()}
+            for name in taken:
+                seen["route:" + name] = seen.get("route:" + name, 0) + 1
             xg = guarded_copy(x)
-            if seen is not None:
-                for n in {min(case["batch"], eng.max_batch), case["batch"] % eng.max_batch} - {0}:
-                    for name in kernel_names(eng._bind(n).calls):
-                        seen[name] = seen.get(name, 0) + 1
+            for n in {min(case["batch"], eng.max_batch), case["batch"] % eng.max_batch} - {0}:
+                for name in kernel_names(eng._bind(n).calls):
+                    seen[name] = seen.get(name, 0) + 1
             for attempt in ("copied", "in place"):
                 got = eng.run(xg)
-                _compare(got, want, f"{attempt} input")
+                _compare(got, want, f"route {route or 'as the table picks'}, {attempt} input")
+            return taken, eligible_routes(eng)
     finally:
         engine_mod._PARALLEL_WORK = saved
+        os.environ.pop("POCKET_ROUTE", None)
+        if env is not None:
+            os.environ["POCKET_ROUTE"] = env
 
 
 def _compare(got: np.ndarray, want: np.ndarray, what: str) -> None:

@@ -6,7 +6,9 @@ maxpool2d / avgpool2d / global_avgpool and linear (single and chained) models, f
 (int8 weights with per-channel scales), batch 1, odd and past max_batch, on 1 and 2 threads
 (sometimes with every call on the thread pool), each run with its arena and input against
 guard pages and its arena poisoned (see route_fuzz.py), and checked against the reference:
-fp32 within 1e-5 of the output's largest magnitude, int8 exactly.
+fp32 within 1e-5 of the output's largest magnitude, int8 exactly. Each case runs on the route
+the table picks and then on every other route eligible for it, forced by POCKET_ROUTE; each run
+must have reached every route of its CPU.
 
 Each check runs in a worker process (tests/infer/route_fuzz.py), so a segfault on a guard page
 fails the test with the geometry that caused it rather than killing pytest. The AVX-512 routes
@@ -69,15 +71,23 @@ def run_worker(dtype: str, examples: int, env: dict, *extra: str) -> dict:
     return json.loads(done[-1][5:])
 
 
-# The kernels a run must have reached: the fuzz covers each route family (names of
-# pocket/infer/kernels_*.py functions, NumPy's matmul on the portable BLAS routes)
-NATIVE_F32 = {"conv2d_direct", "gemm", "bias_act_pitch", "gemm_pool2_pitch", "fused_conv", "gemv",
-              "gemm_rows", "bias_act_sum", "maxpool2d", "avgpool2d", "global_avgpool", "im2col"}
-NATIVE_I8 = {"gemm_cols", "gemm_quad", "pack_quad_cols", "gemm_q", "im2row", "requant_cols_pool",
-             "gemm_rows", "pack_rows_t", "requant_cols_pack", "maxpool2d"}
-PORTABLE_F32 = {"conv2d_direct", "matmul", "im2col", "im2col_pitch", "bias_act_pitch", "bias_act_pool",
-                "input_transform", "output_transform", "bias_act_rows", "maxpool2d", "avgpool2d"}
-PORTABLE_I8 = {"gemm_q", "im2row", "requant_sum", "requant_sum_pool", "requant_rows", "maxpool2d"}
+# The routes (routes.TABLE) and kernels a run must have reached: the fuzz covers each route
+# (each forced on every case it is eligible for) and the kernels around them
+NATIVE_ROUTES = {"f32": set(), "i8": set()}
+PORTABLE_ROUTES = {
+    "f32": {"conv_direct", "conv_pointwise", "conv_im2col", "conv_gemm", "conv_gemm_pitch", "conv_winograd",
+            "linear_blas"},
+    "i8": {"conv_int8_blas", "conv_int8_im2row", "linear_int8"}}
+NATIVE_ROUTES["f32"] = PORTABLE_ROUTES["f32"] | {"conv_fma_pitch", "conv_fma_cols", "conv_winograd_fused",
+                                                 "linear_fma", "linear_gemv"}
+NATIVE_ROUTES["i8"] = PORTABLE_ROUTES["i8"] | {"conv_vnni", "conv_vnni_quad", "linear_vnni"}
+KERNELS = {"f32": {"maxpool2d", "avgpool2d", "global_avgpool", "bias_act_pool"}, "i8": {"maxpool2d"}}
+NATIVE_KERNELS = {"f32": {"gemm_pool2_pitch", "gemm_pool2_padded", "gemm_rows", "bias_act_sum"},
+                  "i8": {"requant_cols_pool", "requant_cols_pack", "pack_quad_cols", "gemm_quad"}}
+
+
+def _missing(done: dict, routes: set[str], kernels: set[str]) -> list[str]:
+    return sorted(({"route:" + r for r in routes} | kernels) - set(done["kernels"]))
 
 
 def _skip_known() -> tuple[str, ...]:
@@ -91,15 +101,15 @@ def test_native_routes_match_reference(dtype):
     if not (kernels_fma.AVAILABLE if dtype == "f32" else kernels_vnni.AVAILABLE):
         pytest.skip("this CPU has no AVX-512" + (" VNNI" if dtype == "i8" else ""))
     done = run_worker(dtype, EXAMPLES, {}, *_skip_known())
-    missing = (NATIVE_F32 if dtype == "f32" else NATIVE_I8) - set(done["kernels"])
-    assert not missing, f"the fuzz cases never reached {sorted(missing)}: {done}"
+    missing = _missing(done, NATIVE_ROUTES[dtype], KERNELS[dtype] | NATIVE_KERNELS[dtype])
+    assert not missing, f"the fuzz cases never reached {missing}: {done}"
 
 
 @pytest.mark.parametrize("dtype", ["f32", "i8"])
 def test_portable_routes_match_reference(dtype):
     done = run_worker(dtype, EXAMPLES, PORTABLE, *_skip_known())
-    missing = (PORTABLE_F32 if dtype == "f32" else PORTABLE_I8) - set(done["kernels"])
-    assert not missing, f"the fuzz cases never reached {sorted(missing)}: {done}"
+    missing = _missing(done, PORTABLE_ROUTES[dtype], KERNELS[dtype])
+    assert not missing, f"the fuzz cases never reached {missing}: {done}"
 
 
 @pytest.mark.parametrize("dtype", ["f32", "i8"])
