@@ -21,7 +21,7 @@ Seeded (hypothesis, derandomized): the same cases every run. A longer run draws 
 
     POCKET_FUZZ_EXAMPLES=2000 python -m pytest -q tests/infer/test_route_fuzz.py
 
-(POCKET_FUZZ_SEED=N draws another sequence; the bounds-checked workers take a tenth as many.)
+(POCKET_FUZZ_SEED=N draws another sequence; the bounds-checked workers take a quarter as many.)
 """
 
 from __future__ import annotations
