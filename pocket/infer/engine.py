@@ -537,7 +537,9 @@ class Engine:
 
 
 def _alloc_arena(nbytes: int) -> np.ndarray:
-    """The plan's arena: nbytes zeroed bytes starting at a multiple of ALIGN."""
+    """The plan's arena: nbytes zeroed bytes starting at a multiple of ALIGN. The one place the
+    arena is allocated, so that a test can place it elsewhere (tests/infer/test_route_fuzz.py
+    puts it against a guard page)."""
     raw = np.zeros(nbytes + ALIGN, np.uint8)
     start = (-raw.ctypes.data) % ALIGN
     return raw[start:start + nbytes]

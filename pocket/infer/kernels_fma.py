@@ -139,16 +139,22 @@ def _shuffle(builder, a, b, idx):
 
 
 def _vmax(builder, a, b):
-    """Python's max(a, b) lane by lane: b only where b > a."""
-    return builder.select(builder.fcmp_ordered(">", b, a), b, a)
+    """kernels_fp32.nanmax(a, b) lane by lane: a + b (NaN) where either is NaN, else
+    Python's max(a, b) (b only where b > a)."""
+    return builder.select(builder.fcmp_unordered("uno", a, b), builder.fadd(a, b),
+                          builder.select(builder.fcmp_ordered(">", b, a), b, a))
+
+
+def _relu(builder, v):
+    """kernels_fp32.relu lane by lane (or on one float): 0 where v < 0, so NaN passes."""
+    zero = ir.Constant(v.type, None)
+    return builder.select(builder.fcmp_ordered("<", v, zero), zero, v)
 
 
 def _bias_relu(builder, v, bo, relu):
     """v + bo, then a ReLU where relu (an i64) != 0: as the Numba epilogues do it."""
     v = builder.fadd(v, _splat(builder, bo, _VF))
-    zero = ir.Constant(_VF, None)
-    return builder.select(builder.icmp_signed("!=", relu, _const(0)),
-                          builder.select(builder.fcmp_ordered(">", v, zero), v, zero), v)
+    return builder.select(builder.icmp_signed("!=", relu, _const(0)), _relu(builder, v), v)
 
 
 def _make_dot():
@@ -198,9 +204,8 @@ def _make_dot():
                     with builder.if_then(has_bias):  # (a block of its own: never a load at 0)
                         bo = builder.load(_ptr(builder, builder.add(bias, _const(4 * r)), _F32), align=4)
                         biased = builder.fadd(total, bo)
-                        zero = ir.Constant(_F32, 0.0)
-                        out = builder.select(builder.icmp_signed("!=", relu, _const(0)), builder.select(
-                            builder.fcmp_ordered(">", biased, zero), biased, zero), biased)
+                        out = builder.select(builder.icmp_signed("!=", relu, _const(0)),
+                                             _relu(builder, biased), biased)
                         builder.store(out, _ptr(builder, builder.add(c, _const(4 * r)), _F32), align=4)
                     with builder.if_then(builder.not_(has_bias)):
                         builder.store(total, _ptr(builder, builder.add(c, _const(4 * r)), _F32), align=4)

@@ -16,6 +16,9 @@ L2. As four parallel kernels a chunk, V and M (16 x C and 16 x O floats a tile) 
 L3 between them, or, in chunks small enough for L2, the threads waited on each other four
 times a chunk.
 
+NaN propagates through the fused ReLU and the pool's max (kernels_fma._bias_relu and _vmax), as
+in kernels_winograd and formats/reference.py.
+
 Used only when kernels_fma.AVAILABLE.
 """
 

@@ -52,6 +52,27 @@ def activate(v, act, alpha):
     return v
 
 
+# NOTE: NaN propagates through ReLU and max pooling, as in formats/reference.py (np.maximum),
+# NumPy, PyTorch and onnxruntime: `0 if v < 0 else v` (not `v if v > 0 else 0`, which maps NaN
+# to 0) and nanmax below. LLVM vectorizes both as it did the old forms: the ReLU is still one
+# compare and a select, and nanmax one max, one unordered compare (a NaN in either), one add
+# (NaN there) and a select. A 2x2/2 pool after a ReLU on a 256 x 32 x 32 map ran as fast as
+# with Python's max (57.6 vs 51.7 us, serial, min of 300); `b if b > a or b != b else a`
+# took 132.
+
+
+@njit(cache=True, inline="always")
+def relu(v):
+    """max(v, 0) with NaN passed through (float32 in, float32 out)."""
+    return np.float32(0.0) if v < 0 else v
+
+
+@njit(cache=True, inline="always")
+def nanmax(a, b):
+    """max(a, b), NaN if either is NaN (np.maximum's rule; Python's max drops a NaN b)."""
+    return a + b if a != a or b != b else max(a, b)
+
+
 @kernel
 def bias_act(out, y, rb, cb, b, act, alpha):
     """out (N, O, P) = activation(y + b (O,)) (b may be empty); out may be y.
@@ -77,8 +98,7 @@ def bias_act_run(dst, src, n, bo, act, alpha):
             dst[i] = src[i] + bo
     elif act == 1:
         for i in range(n):
-            v = src[i] + bo
-            dst[i] = v if v > 0 else np.float32(0.0)
+            dst[i] = relu(src[i] + bo)
     else:
         for i in range(n):
             dst[i] = activate(np.float64(src[i] + bo), act, alpha)
@@ -116,8 +136,7 @@ def bias_act_rows(out, y, b, act, alpha):
                 dst[j] = row[j] + (b[j] if has_bias else np.float32(0.0))
         elif act == 1:
             for j in range(o):
-                v = row[j] + (b[j] if has_bias else np.float32(0.0))
-                dst[j] = v if v > 0 else np.float32(0.0)
+                dst[j] = relu(row[j] + (b[j] if has_bias else np.float32(0.0)))
         else:
             for j in range(o):
                 bo = b[j] if has_bias else np.float32(0.0)
@@ -254,8 +273,7 @@ def maxpool2d(out, x, kh, kw, sh, sw, ph, pw):
                 m = x[b, ch, max(oh * sh - ph, 0), max(ow * sw - pw, 0)]
                 for i in range(max(oh * sh - ph, 0), min(oh * sh - ph + kh, h)):
                     for j in range(max(ow * sw - pw, 0), min(ow * sw - pw + kw, w)):
-                        if x[b, ch, i, j] > m:
-                            m = x[b, ch, i, j]
+                        m = nanmax(m, x[b, ch, i, j])
                 out[b, ch, oh, ow] = m
 
 
@@ -271,7 +289,7 @@ def _maxpool_valid(out, x, kh, kw, sh, sw):
                 m = xs[oh * sh, ow * sw]
                 for i in range(kh):
                     for j in range(kw):
-                        m = max(m, xs[oh * sh + i, ow * sw + j])
+                        m = nanmax(m, xs[oh * sh + i, ow * sw + j])
                 os_[oh, ow] = m
 
 
@@ -377,9 +395,9 @@ def _pool_plane(d, row, wd, kh, kw, sh, sw, bo, act, alpha):
         for oh in range(ho):
             for ow in range(wo):
                 a = np.uint64(2 * oh * wd + 2 * ow)
-                v = max(max(row[a], row[a + one]), max(row[a + w1], row[a + w1 + one])) + bo
+                v = nanmax(nanmax(row[a], row[a + one]), nanmax(row[a + w1], row[a + w1 + one])) + bo
                 if act == 1:
-                    d[oh, ow] = v if v > 0 else np.float32(0.0)
+                    d[oh, ow] = relu(v)
                 else:
                     d[oh, ow] = activate(np.float64(v), act, alpha)
         return
@@ -393,7 +411,7 @@ def _pool_plane(d, row, wd, kh, kw, sh, sw, bo, act, alpha):
             for j in range(kw):
                 s0 = base + i * wd + j
                 for ow in range(wo):
-                    r[ow] = max(r[ow], row[np.uint64(s0 + ow * sw)])
+                    r[ow] = nanmax(r[ow], row[np.uint64(s0 + ow * sw)])
         bias_act_run(r, r, wo, bo, act, alpha)
 
 
@@ -496,8 +514,7 @@ def bias_act_pitch(out, y, pitch, istride, b, act, alpha):
             dst = np.uint64((r * ho + oh) * wo)
             if act == 1:
                 for ow in range(wo):
-                    v = yf[src + np.uint64(ow)] + bo
-                    of[dst + np.uint64(ow)] = v if v > 0 else np.float32(0.0)
+                    of[dst + np.uint64(ow)] = relu(yf[src + np.uint64(ow)] + bo)
             else:
                 for ow in range(wo):
                     of[dst + np.uint64(ow)] = activate(np.float64(yf[src + np.uint64(ow)] + bo), act,
@@ -524,8 +541,8 @@ def bias_act_pool_pitch(out, y, pitch, istride, kh, kw, sh, sw, b, act, alpha):
                 dst = np.uint64((r * ho + oh) * wo)
                 for ow in range(wo):
                     a = src + np.uint64(2 * ow)
-                    v = max(max(yf[a], yf[a + one]), max(yf[a + w1], yf[a + w1 + one])) + bo
-                    of[dst + np.uint64(ow)] = v if v > 0 else np.float32(0.0)
+                    v = nanmax(nanmax(yf[a], yf[a + one]), nanmax(yf[a + w1], yf[a + w1 + one])) + bo
+                    of[dst + np.uint64(ow)] = relu(v)
         return
     for r in prange(n * o):
         bi, oc = r // o, r % o
@@ -536,14 +553,14 @@ def bias_act_pool_pitch(out, y, pitch, istride, kh, kw, sh, sw, b, act, alpha):
             for ow in range(wo):
                 a = src + np.uint64(ow * sw)
                 if kh == 2 and kw == 2:
-                    f = max(max(yf[a], yf[a + one]), max(yf[a + w1], yf[a + w1 + one]))
+                    f = nanmax(nanmax(yf[a], yf[a + one]), nanmax(yf[a + w1], yf[a + w1 + one]))
                 else:
                     f = yf[a]
                     for i in range(kh):
                         for j in range(kw):
-                            f = max(f, yf[a + np.uint64(i * pitch + j)])
+                            f = nanmax(f, yf[a + np.uint64(i * pitch + j)])
                 v = f + bo
                 if act == 1:
-                    of[dst + np.uint64(ow)] = v if v > 0 else np.float32(0.0)
+                    of[dst + np.uint64(ow)] = relu(v)
                 else:
                     of[dst + np.uint64(ow)] = activate(np.float64(v), act, alpha)

@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from pocket.infer.jit import kernel
-from pocket.infer.kernels_fp32 import activate
+from pocket.infer.kernels_fp32 import activate, nanmax, relu
 
 # u[4i + k, o, c] = sum over (a, b) of G[i, a] G[k, b] w[o, c, a, b]: FILTER (16, 9) @
 # w.reshape(O*C, 9).T -> u (16, O*C); `filter_transform` computes the same without BLAS
@@ -117,7 +117,7 @@ def input_transform(v, xpad, tmp, th_n, tw_n):
 
 @njit(cache=True, inline="always")
 def _act(v, act, alpha):
-    return (v if v > 0 else np.float32(0.0)) if act == 1 else np.float32(activate(np.float64(v), act, alpha))
+    return relu(v) if act == 1 else np.float32(activate(np.float64(v), act, alpha))
 
 
 @kernel
@@ -165,8 +165,8 @@ def output_transform(out, m, tmp, th_n, tw_n, b, act, alpha, pool):
         if flat_pool:
             for t in range(tiles):
                 u = np.uint64(t)
-                f = max(max(tf[s0 + u] + tf[s1 + u] + tf[s2 + u], tf[s1 + u] - tf[s2 + u] - tf[s3 + u]),
-                        max(tf[d0 + u] + tf[d1 + u] + tf[d2 + u], tf[d1 + u] - tf[d2 + u] - tf[d3 + u]))
+                f = nanmax(nanmax(tf[s0 + u] + tf[s1 + u] + tf[s2 + u], tf[s1 + u] - tf[s2 + u] - tf[s3 + u]),
+                        nanmax(tf[d0 + u] + tf[d1 + u] + tf[d2 + u], tf[d1 + u] - tf[d2 + u] - tf[d3 + u]))
                 of[plane + u] = _act(f + bo, act, alpha)
             continue
         for th in range(rows):
@@ -175,8 +175,9 @@ def output_transform(out, m, tmp, th_n, tw_n, b, act, alpha, pool):
                 dst = plane + np.uint64(th * wo)
                 for tw in range(full):
                     u, q = np.uint64(tw), row + np.uint64(tw)
-                    f = max(max(tf[s0 + q] + tf[s1 + q] + tf[s2 + q], tf[s1 + q] - tf[s2 + q] - tf[s3 + q]),
-                            max(tf[d0 + q] + tf[d1 + q] + tf[d2 + q], tf[d1 + q] - tf[d2 + q] - tf[d3 + q]))
+                    top = nanmax(tf[s0 + q] + tf[s1 + q] + tf[s2 + q], tf[s1 + q] - tf[s2 + q] - tf[s3 + q])
+                    f = nanmax(top, nanmax(tf[d0 + q] + tf[d1 + q] + tf[d2 + q],
+                                           tf[d1 + q] - tf[d2 + q] - tf[d3 + q]))
                     of[dst + u] = _act(f + bo, act, alpha)
                 continue
             i = 2 * th
@@ -190,10 +191,10 @@ def output_transform(out, m, tmp, th_n, tw_n, b, act, alpha, pool):
                     y10 = tf[d0 + q] + tf[d1 + q] + tf[d2 + q] + bo
                     y11 = tf[d1 + q] - tf[d2 + q] - tf[d3 + q] + bo
                     if act == 1:
-                        of[top + j] = y00 if y00 > 0 else np.float32(0.0)
-                        of[top + j + one] = y01 if y01 > 0 else np.float32(0.0)
-                        of[bottom + j] = y10 if y10 > 0 else np.float32(0.0)
-                        of[bottom + j + one] = y11 if y11 > 0 else np.float32(0.0)
+                        of[top + j] = relu(y00)
+                        of[top + j + one] = relu(y01)
+                        of[bottom + j] = relu(y10)
+                        of[bottom + j + one] = relu(y11)
                     else:
                         of[top + j] = _act(y00, act, alpha)
                         of[top + j + one] = _act(y01, act, alpha)
