@@ -126,6 +126,8 @@ def to_device(arr, device: str | Device):
     if device.kind == "cpu":
         return to_numpy(arr)
     cp = _import_cupy()[0]
+    if isinstance(arr, cp.ndarray) and arr.device.id == device.index:
+        return arr
     with cp.cuda.Device(device.index):
         return cp.asarray(arr)
 
@@ -137,14 +139,18 @@ def to_numpy(arr) -> np.ndarray:
 
 
 def erf(x):
-    """Elementwise erf; NumPy has none, so the CPU path is a Numba kernel."""
+    """Elementwise erf in x's own dtype; NumPy has none, so the CPU path is a Numba kernel.
+
+    NOTE: cupyx.scipy.special.erf has no half loop and returns float64 for fp16 input, which
+    would turn every layer after a GELU into float64; the GPU path is our own kernel."""
     if get_array_module(x) is np:
         from pocket.train.kernels_cpu import erf as erf_cpu
 
         return erf_cpu(x)
-    import cupyx.scipy.special as sp
-
-    return sp.erf(x)
+    x = contiguous(x)
+    y = _import_cupy()[0].empty_like(x)
+    gpu_launch("erf_forward", x.dtype, x.size, x, y, np.int64(x.size))
+    return y
 
 
 def scatter_add(a, index, values) -> None:
@@ -152,9 +158,9 @@ def scatter_add(a, index, values) -> None:
     if get_array_module(a) is np:
         np.add.at(a, index, values)
     else:
-        import cupyx
-
-        cupyx.scatter_add(a, index, values)
+        # NOTE: cupyx.scatter_add is deprecated (a DeprecationWarning, an error in the tests);
+        # cupy.add.at is its replacement.
+        _import_cupy()[0].add.at(a, index, values)
 
 
 # RNG: one explicit numpy Generator drives initializers and dropout, so a run is reproducible
@@ -182,80 +188,120 @@ def set_rng_state(state: dict) -> None:
 
 
 def uniform(shape, like, rng: np.random.Generator | None = None):
-    """U[0, 1) of `like`'s dtype on `like`'s device, drawn from the pocket RNG."""
+    """U[0, 1) of `like`'s dtype on `like`'s device, drawn from the pocket RNG (CPU only)."""
     rng = rng or _rng[0]
-    xp = get_array_module(like)
-    if xp is np:
-        return rng.random(shape, dtype=np.float32 if like.dtype == np.float32 else np.float64)
-    # NOTE: seed CuPy's generator from ours so GPU dropout stays reproducible from one seed.
-    g = xp.random.default_rng(int(rng.integers(2**63 - 1)))
-    return g.random(shape, dtype=like.dtype)
+    return rng.random(shape, dtype=np.float32 if like.dtype == np.float32 else np.float64)
 
 
-# GPU fused elementwise kernels, built on first use (cannot run without CUDA).
+def dropout_mask(shape, like, p: float, rng: np.random.Generator | None = None):
+    """keep / (1 - p) as `like`'s dtype on its device: 1/(1-p) where U[0,1) >= p, else 0.
+
+    On the GPU one counter-based kernel makes the mask from a 64-bit seed drawn from the pocket
+    RNG (host side, no sync): no generator object or curand state per call, and a resumed run
+    draws the same seeds, so GPU dropout is as reproducible as the CPU's.
+    """
+    rng = rng or _rng[0]
+    scale = 1.0 / (1.0 - p)
+    if get_array_module(like) is np:
+        keep = uniform(shape, like, rng) >= p
+        return keep.astype(like.dtype) * like.dtype.type(scale)
+    seed = np.uint64(rng.integers(0, 2**63 - 1))
+    mask = _import_cupy()[0].empty(shape, like.dtype)
+    gpu_launch("dropout_mask", like.dtype, mask.size, seed, np.float32(p), np.float32(scale),
+               mask, np.int64(mask.size))
+    return mask
+
+
+# GPU kernels: one RawModule of templates (pocket.train.gpu_kernels), compiled on first use per
+# device; every kernel has its NumPy twin there, which the test suite's CuPy stand-in runs.
+from pocket.train import gpu_kernels  # noqa: E402
+
+KERNEL_TWINS = gpu_kernels.TWINS
+GPU_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 _kernels: dict = {}
-
-_KERNEL_SOURCES = {
-    "relu_backward": ("T gy, T y", "T gx", "gx = y > 0 ? gy : (T)0"),
-    "bias_relu": ("T x, T b", "T y", "y = max(x + b, (T)0)"),
-    "sgd_momentum": (
-        "T g, T lr, T mom, T wd, T damp, int32 nesterov, int32 first",
-        "T p, T buf",
-        """
-        T d = g + wd * p;
-        buf = first ? d : mom * buf + (1 - damp) * d;
-        d = nesterov ? d + mom * buf : buf;
-        p -= lr * d;
-        """,
-    ),
-    "adam": (
-        "T g, T lr, T b1, T b2, T eps, T wd, T decoupled, T bc1, T bc2",
-        "T p, T m, T v",
-        """
-        T d = decoupled ? g : g + wd * p;
-        if (decoupled) p -= lr * wd * p;
-        m = b1 * m + (1 - b1) * d;
-        v = b2 * v + (1 - b2) * d * d;
-        p -= lr * (m / bc1) / (sqrt(v / bc2) + eps);
-        """,
-    ),
-}
+_gpu_state: dict = {}
 
 
-def gpu_kernel(name: str):
-    """A cupy.ElementwiseKernel by name, or None on CPU-only installs."""
+def contiguous(a):
+    """a, or a C-contiguous copy (what a RawKernel's pointer arguments need)."""
+    return a if a.flags.c_contiguous else get_array_module(a).ascontiguousarray(a)
+
+
+def gpu_function(name: str, dtype):
+    """The compiled kernel `name` for `dtype` on the current device."""
     cp = _import_cupy()[0]
-    if cp is None:
-        return None
-    if name not in _kernels:
-        ins, outs, body = _KERNEL_SOURCES[name]
-        _kernels[name] = cp.ElementwiseKernel(ins, outs, body, f"pocket_{name}")
-    return _kernels[name]
+    dev = cp.cuda.runtime.getDevice()
+    expr = gpu_kernels.instance(name, dtype)
+    fn = _kernels.get((dev, expr))
+    if fn is None:
+        mod = _kernels.get((dev, "module"))
+        if mod is None:
+            mod = cp.RawModule(code=gpu_kernels.SOURCE, options=gpu_kernels.OPTIONS,
+                               name_expressions=gpu_kernels.INSTANCES)
+            _kernels[(dev, "module")] = mod
+        fn = _kernels[(dev, expr)] = mod.get_function(expr)
+    return fn
+
+
+def gpu_launch(name: str, dtype, n: int, *args) -> None:
+    """Launch kernel `name` (for `dtype`) over n elements; args as the kernel takes them
+    (device arrays, C-contiguous; NumPy scalars of the kernel's parameter types)."""
+    grid, block = gpu_kernels.launch_shape(n)
+    gpu_function(name, dtype)(grid, block, args)
+
+
+def use_device(device: Device) -> None:
+    """Make `device` the current CUDA device of this thread: CuPy allocates, launches and caps
+    the pool on the current device, so `cuda:N` is honoured only if it is current."""
+    if device.kind == "cuda":
+        _import_cupy()[0].cuda.Device(device.index).use()
 
 
 # GPU memory pool: the budget cap and the numbers for the memory report.
 
-def cap_gpu_pool(budget_bytes: int | None) -> bool:
-    """Cap CuPy's default memory pool at `budget_bytes` (None or 0 lifts the cap), so a big
-    card fails like a small one would; returns False where there is no GPU."""
+# What a card spends outside CuPy's pool: the CUDA context (~300 MiB with the runtime's
+# modules loaded), cuBLAS's workspace (32 MiB per handle on sm_90, 4 MiB before) and the cuDNN
+# workspace, plus the pool's rounding and fragmentation (a few percent).
+GPU_CONTEXT_RESERVE = 320 << 20
+GPU_LIBRARY_RESERVE = 64 << 20
+GPU_FRAGMENTATION = 0.05
+
+
+def gpu_pool_limit(budget_bytes: int) -> int:
+    """The pool cap that makes a run fit a card of `budget_bytes`: the budget less the CUDA
+    context, library workspaces and fragmentation (at least 1/4 of the budget)."""
+    usable = int(budget_bytes * (1 - GPU_FRAGMENTATION)) - GPU_CONTEXT_RESERVE - GPU_LIBRARY_RESERVE
+    return max(usable, int(budget_bytes) // 4)
+
+
+def cap_gpu_pool(budget_bytes: int | None, device: Device | None = None) -> bool:
+    """Cap CuPy's default memory pool on `device` (the current one by default) so the process
+    fits a card of `budget_bytes` (None or 0 lifts the cap): a big card then fails like a small
+    one would. Returns False where there is no GPU."""
     cp = _import_cupy()[0]
     if cp is None:
         return False
-    cp.get_default_memory_pool().set_limit(size=int(budget_bytes or 0))
+    index = device.index if device is not None else cp.cuda.runtime.getDevice()
+    with cp.cuda.Device(index):
+        limit = gpu_pool_limit(int(budget_bytes)) if budget_bytes else 0
+        cp.get_default_memory_pool().set_limit(size=limit)
     return True
 
 
-def gpu_pool_stats() -> dict | None:
-    """{"used_bytes", "total_bytes", "limit_bytes"} of CuPy's default pool, None without a GPU.
+def gpu_pool_stats(device: Device | None = None) -> dict | None:
+    """{"used_bytes", "total_bytes", "limit_bytes"} of CuPy's default pool on `device` (the
+    current one by default), None without a GPU.
 
     used = bytes in live arrays; total = bytes the pool holds from the driver (used + cached).
     """
     cp = _import_cupy()[0]
     if cp is None:
         return None
-    pool = cp.get_default_memory_pool()
-    return {"used_bytes": int(pool.used_bytes()), "total_bytes": int(pool.total_bytes()),
-            "limit_bytes": int(pool.get_limit())}
+    index = device.index if device is not None else cp.cuda.runtime.getDevice()
+    with cp.cuda.Device(index):
+        pool = cp.get_default_memory_pool()
+        return {"used_bytes": int(pool.used_bytes()), "total_bytes": int(pool.total_bytes()),
+                "limit_bytes": int(pool.get_limit())}
 
 
 # Host memory: what the memory savers free should leave the process, not stay in the heap.
