@@ -384,6 +384,10 @@ class ndarray:  # noqa: N801 - the name CuPy gives it
             yield self[i]
 
     def __getattr__(self, name):
+        if name.startswith("__"):
+            # __array_interface__, __array_struct__, __dlpack__...: NumPy would convert
+            # through them without asking __array__
+            raise AttributeError(name)
         attr = getattr(self._a, name)
         if not callable(attr):
             return _wrap(attr, (self._a,))
@@ -756,13 +760,19 @@ def module():
 
 @contextlib.contextmanager
 def counting(trace: bool = False):
-    """Count syncs/launches/allocations inside the block; yields the Counters."""
+    """Count syncs/launches/allocations inside the block; yields Counters filled in when the
+    block ends."""
     COUNTERS.reset()
     _TRACE_SYNCS[0] = trace
+    result = Counters()
     try:
-        yield COUNTERS
+        yield result
     finally:
         _TRACE_SYNCS[0] = False
+        # frozen at the end of the block: later syncs (reading the results) do not count
+        result.syncs, result.launches, result.allocs = (COUNTERS.syncs, COUNTERS.launches,
+                                                        COUNTERS.allocs)
+        result.sync_sites = list(COUNTERS.sync_sites)
 
 
 def reset() -> None:
