@@ -1,10 +1,10 @@
 """The CUDA sources pocket builds, each with its NumPy twin (no CuPy here: backend.py compiles).
 
-One RawModule source holds every kernel as a template over the element type (`__half`,
+One RawModule source holds every kernel as a template over the element type (`half_t`,
 `float`, `double`); `INSTANCES` lists the instantiations the trainer launches, so the NVRTC
 test (tests/train/test_nvrtc.py) compiles exactly what a real run compiles, for every
-architecture. Half values go through float (`__half2float` / `__float2half_rn`), which every
-architecture from sm_52 has; arithmetic on `__half` itself needs sm_53.
+architecture. Half values are 16-bit storage converted to and from float with PTX `cvt`, which
+every architecture from sm_52 has; the arithmetic is in float (double for fp64).
 
 A twin takes the launch's (grid, block) and the same arguments as the kernel (NumPy arrays
 for device pointers, NumPy scalars for values) and writes the outputs in place: it is what the
@@ -18,18 +18,31 @@ from __future__ import annotations
 import numpy as np
 
 SOURCE = r"""
-#include <cuda_fp16.h>
+// No headers: fp16 is stored as 16 bits and converted with PTX cvt, which every architecture
+// has (cuda_fp16.h's __half arithmetic needs sm_53, and the header is not on every NVRTC path).
+struct half_t { unsigned short bits; };
 
 typedef long long i64;
 typedef unsigned long long u64;
 
-__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+template <typename T> struct acc_of { typedef float type; };
+template <> struct acc_of<double> { typedef double type; };
+
+__device__ __forceinline__ float to_acc(half_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
+    return f;
+}
 __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
-template <typename T> __device__ __forceinline__ T from_acc(float x);
-template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
+
+template <typename T> __device__ __forceinline__ T from_acc(typename acc_of<T>::type x);
+template <> __device__ __forceinline__ half_t from_acc<half_t>(float x) {
+    half_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(x));
+    return h;
+}
 template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
-template <typename T> __device__ __forceinline__ T from_acc(double x);
 template <> __device__ __forceinline__ double from_acc<double>(double x) { return x; }
 
 #define GRID_STRIDE(i, n) \
@@ -37,7 +50,7 @@ template <> __device__ __forceinline__ double from_acc<double>(double x) { retur
 
 template <typename T>
 __global__ void relu_backward(const T* gy, const T* y, T* gx, i64 n) {
-    GRID_STRIDE(i, n) { gx[i] = to_acc(y[i]) > 0 ? gy[i] : from_acc<T>(decltype(to_acc(y[i]))(0)); }
+    GRID_STRIDE(i, n) { gx[i] = to_acc(y[i]) > 0 ? gy[i] : from_acc<T>(0); }
 }
 
 // erf in the input's own type (fp16 through float): GELU must not leave the compute dtype.
@@ -59,7 +72,7 @@ template <typename T>
 __global__ void dropout_mask(u64 seed, float p, float scale, T* mask, i64 n) {
     GRID_STRIDE(i, n) {
         float u = (float)(splitmix64(seed ^ (u64)i) >> 40) * (1.0f / 16777216.0f);
-        mask[i] = from_acc<T>(decltype(to_acc(mask[i]))(u >= p ? scale : 0.0f));
+        mask[i] = from_acc<T>(u >= p ? scale : 0.0f);
     }
 }
 
@@ -109,7 +122,7 @@ __global__ void im2col(const T* x, T* col, int N, int C, int H, int W, int kh, i
         int c = (int)r;
         int h = oh * sh - ph + i * dh, w = ow * sw - pw + j * dw;
         col[idx] = (h >= 0 && h < H && w >= 0 && w < W)
-            ? x[(((i64)n * C + c) * H + h) * W + w] : from_acc<T>(decltype(to_acc(x[0]))(0));
+            ? x[(((i64)n * C + c) * H + h) * W + w] : from_acc<T>(0);
     }
 }
 
@@ -125,7 +138,7 @@ __global__ void col2im(const T* col, T* gx, int N, int C, int H, int W, int kh, 
         int h = r % H; r /= H;
         int c = r % C; r /= C;
         int n = (int)r;
-        decltype(to_acc(col[0])) acc = 0;
+        typename acc_of<T>::type acc = 0;
         for (int i = 0; i < kh; ++i) {
             int th = h + ph - i * dh;
             if (th < 0 || th % sh) continue;
@@ -144,15 +157,15 @@ __global__ void col2im(const T* col, T* gx, int N, int C, int H, int W, int kh, 
 }
 """
 
-_TYPES = {"__half": np.float16, "float": np.float32, "double": np.float64}
+_TYPES = {"half_t": np.float16, "float": np.float32, "double": np.float64}
 _KERNEL_TYPES = {
-    "relu_backward": ("__half", "float", "double"),
-    "erf_forward": ("__half", "float", "double"),
-    "dropout_mask": ("__half", "float", "double"),
+    "relu_backward": ("half_t", "float", "double"),
+    "erf_forward": ("half_t", "float", "double"),
+    "dropout_mask": ("half_t", "float", "double"),
     "sgd_step": ("float", "double"),  # the optimizer updates fp32 masters (fp64 in fp64 runs)
     "adam_step": ("float", "double"),
-    "im2col": ("__half", "float", "double"),
-    "col2im": ("__half", "float", "double"),
+    "im2col": ("half_t", "float", "double"),
+    "col2im": ("half_t", "float", "double"),
 }
 INSTANCES = [f"{k}<{t}>" for k, ts in _KERNEL_TYPES.items() for t in ts]
 CTYPE = {np.dtype(v): k for k, v in _TYPES.items()}
