@@ -94,8 +94,45 @@ def get_device(spec: str | Device | None = "auto") -> Device:
         n = cp.cuda.runtime.getDeviceCount()
         if not 0 <= index < n:
             raise PocketError(f"no CUDA device {index} (found {n}); use cuda:0..cuda:{n - 1}")
+        hint = cupy_build_mismatch(index)
+        if hint:
+            raise PocketError(hint)
         return Device("cuda", index)
     raise PocketError(f"bad device {spec!r}; use auto, cpu, cuda or cuda:N")
+
+
+# The oldest compute capability each CUDA major version's CuPy wheel runs on.
+_MIN_CC = {12: 50, 13: 75}
+_EXTRA = {12: "pocketnn[gpu] (cupy-cuda12x)", 13: "pocketnn[gpu-cuda13] (cupy-cuda13x)"}
+
+
+def cupy_build_mismatch(index: int = 0) -> str:
+    """Why the installed CuPy cannot drive CUDA device `index`, naming the extra that can; ""
+    when it can. Two ways it cannot: the card is older than the wheel's CUDA supports (CUDA 13
+    dropped Maxwell, Pascal and Volta), or the driver is older than the wheel's CUDA."""
+    cp = _import_cupy()[0]
+    if cp is None:
+        return ""
+    try:
+        rt = cp.cuda.runtime
+        cuda_major = rt.runtimeGetVersion() // 1000
+        driver = rt.driverGetVersion()
+        cc = int(cp.cuda.Device(index).compute_capability)
+    except Exception:  # noqa: BLE001 - no answer is no evidence of a mismatch
+        return ""
+    installed = _EXTRA.get(cuda_major, f"CuPy for CUDA {cuda_major}")
+    if cc < _MIN_CC.get(cuda_major, 0):
+        return (f"CUDA device {index} (compute capability {cc // 10}.{cc % 10}) is too old for the "
+                f"installed {installed}; pip uninstall cupy-cuda{cuda_major}x and "
+                f"pip install '{_EXTRA[12].split(' ')[0]}'")
+    if driver // 1000 < cuda_major:
+        other = [m for m in sorted(_EXTRA) if m <= driver // 1000 and cc >= _MIN_CC[m]]
+        fix = (f"pip uninstall cupy-cuda{cuda_major}x and pip install "
+               f"'{_EXTRA[other[-1]].split(' ')[0]}', or update the NVIDIA driver") if other else (
+               "update the NVIDIA driver")
+        return (f"the NVIDIA driver supports CUDA {driver // 1000}.{driver % 1000 // 10} but the "
+                f"installed {installed} needs CUDA {cuda_major}; {fix}")
+    return ""
 
 
 def _device_total_memory(index: int) -> int:

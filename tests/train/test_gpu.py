@@ -280,3 +280,30 @@ def test_gpu_dropout_makes_no_generator_and_is_reproducible():
     np.testing.assert_array_equal(a, b)
     assert set(np.unique(a)) == {0.0, np.float32(1 / 0.75)}
     assert abs((a == 0).mean() - 0.25) < 0.01
+
+
+# ----------------------------------------------------------------------------- extras
+
+
+@pytest.mark.parametrize("runtime,driver,cc,want", [
+    (13000, 13000, "61", "pocketnn[gpu]'"),         # a GTX 1060 with the CUDA 13 wheel
+    (13000, 12080, "89", "pocketnn[gpu]'"),         # a CUDA 12 driver with the CUDA 13 wheel
+    (12080, 11080, "86", "update the NVIDIA driver"),
+    (12080, 12080, "52", ""),                        # a GTX 750 Ti with the CUDA 12 wheel: fine
+    (13000, 13000, "90", ""),
+])
+def test_train_names_the_extra_that_drives_the_card(monkeypatch, runtime, driver, cc, want):
+    xp = backend.get_device("cuda").xp
+    _sim_only(xp)
+    monkeypatch.setattr(xp.cuda.runtime, "runtimeGetVersion", lambda: runtime)
+    monkeypatch.setattr(xp.cuda.runtime, "driverGetVersion", lambda: driver)
+    monkeypatch.setattr(type(xp.cuda.Device(0)), "compute_capability", property(lambda s: cc))
+    hint = backend.cupy_build_mismatch(0)
+    if not want:
+        assert hint == "" and backend.get_device("cuda").kind == "cuda"
+        return
+    assert want in hint
+    from pocket.errors import PocketError
+
+    with pytest.raises(PocketError, match="pip install|update the NVIDIA driver"):
+        backend.get_device("cuda")
