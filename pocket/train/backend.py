@@ -81,6 +81,9 @@ def get_device(spec: str | Device | None = "auto") -> Device:
         if cp is None:
             return Device("cpu", 0, f"{why}; training on the CPU")
         best = max(range(cp.cuda.runtime.getDeviceCount()), key=_device_total_memory)
+        hint = cupy_build_mismatch(best)
+        if hint:
+            return Device("cpu", 0, f"{hint}; training on the CPU")
         return Device("cuda", best, "the CUDA device with the most memory")
     if spec == "cuda" or spec.startswith("cuda:"):
         if cp is None:
@@ -339,6 +342,64 @@ def gpu_pool_stats(device: Device | None = None) -> dict | None:
         pool = cp.get_default_memory_pool()
         return {"used_bytes": int(pool.used_bytes()), "total_bytes": int(pool.total_bytes()),
                 "limit_bytes": int(pool.get_limit())}
+
+
+class GpuPeak:
+    """The true peak of CuPy's pool on a device, from a memory hook on every pool malloc/free
+    (the pool itself keeps no peak), with the tracker's categories at the moment of the peak:
+    what a small card sees. `unattributed` is what the pool held beyond the arrays pocket
+    tracks (CuPy's own temporaries, rounding to the pool's 512-byte blocks)."""
+
+    def __init__(self, device: Device) -> None:
+        cp = _import_cupy()[0]
+        self.device = device
+        self.live = 0
+        self.peak = 0
+        self.at_peak: dict = {}
+        self._sizes: dict = {}
+        owner = self
+
+        class _Hook(cp.cuda.MemoryHook):
+            name = "pocket_gpu_peak"
+
+            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+                if device_id == owner.device.index:
+                    owner._malloc(mem_ptr, mem_size)
+
+            def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+                if device_id == owner.device.index:
+                    owner._free(mem_ptr)
+
+        self._hook = _Hook()
+        self._hook.__enter__()
+        with cp.cuda.Device(device.index):
+            self.live = self.peak = int(cp.get_default_memory_pool().used_bytes())
+
+    def _malloc(self, ptr, size: int) -> None:
+        self._sizes[ptr] = int(size)
+        self.live += int(size)
+        if self.live > self.peak:
+            self.peak = self.live
+            from pocket.train.memory import get_tracker
+
+            self.at_peak = dict(get_tracker().live)
+
+    def _free(self, ptr) -> None:
+        self.live -= self._sizes.pop(ptr, 0)
+
+    def reset(self) -> None:
+        self.peak = self.live
+        self.at_peak = {}
+
+    def report(self) -> dict:
+        cats = dict(self.at_peak)
+        return {"peak_bytes": self.peak, "at_peak": cats,
+                "unattributed_bytes": max(0, self.peak - sum(cats.values()))}
+
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.__exit__(None, None, None)
+            self._hook = None
 
 
 # Host memory: what the memory savers free should leave the process, not stay in the heap.

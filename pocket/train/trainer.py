@@ -368,6 +368,14 @@ class Trainer:
     def fit(self, resume: str | Path | None = None) -> dict:
         tracker = memory.get_tracker()
         tracker.reset_peak()
+        self.gpu_peak = backend.GpuPeak(self.device) if self.device.kind == "cuda" else None
+        try:
+            return self._fit(tracker, resume)
+        finally:
+            if self.gpu_peak is not None:
+                self.gpu_peak.close()
+
+    def _fit(self, tracker, resume) -> dict:
         if self.device.reason and self.cfg["run"]["device"] == "auto":
             _log(self.quiet, f"device: {self.device} ({self.device.reason})")
         self.out.mkdir(parents=True, exist_ok=True)
@@ -399,6 +407,8 @@ class Trainer:
                    "lr": self.optimizer.lr, "time_s": round(time.monotonic() - t0, 3),
                    "skipped_steps": self.skipped_steps,
                    "peak_bytes": tracker.total_peak}
+            if self.gpu_peak is not None:
+                row["gpu_peak_bytes"] = self.gpu_peak.peak
             if is_cls:
                 row["train_accuracy"] = correct / max(seen, 1)
             if self.precision == "fp16":
@@ -487,6 +497,7 @@ class Trainer:
             "memory": {k: v for k, v in report.items() if k != "table"},
             "memory_table": report["table"],
             "gpu_pool": gpu,
+            "gpu_memory": self.gpu_peak.report() if self.gpu_peak is not None else None,
             "plan": self.plan.describe() if self.plan else None,
         }
         with open(self.out / "summary.json.tmp", "w", encoding="utf-8") as f:

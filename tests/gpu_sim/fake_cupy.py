@@ -227,15 +227,42 @@ def _account(root: np.ndarray, dev: int) -> None:
     if id(root) in _accounted:
         return
     COUNTERS.allocs += 1
-    n = int(root.nbytes)
+    n = -(-int(root.nbytes) // 512) * 512  # the pool's 512-byte rounding
     _POOL._alloc(dev, n)
     _accounted[id(root)] = (dev, n)
+    for h in _HOOKS:
+        h.malloc_postprocess(device_id=dev, size=int(root.nbytes), mem_size=n,
+                             mem_ptr=id(root), pmem_id=0)
     weakref.finalize(root, _release, id(root))
 
 
 def _release(key: int) -> None:
     dev, n = _accounted.pop(key, (0, 0))
     _POOL._free(dev, n)
+    for h in _HOOKS:
+        h.free_postprocess(device_id=dev, mem_size=n, mem_ptr=key, pmem_id=0)
+
+
+_HOOKS: list = []
+
+
+class MemoryHook:
+    """cupy.cuda.MemoryHook: active inside `with hook:`; called after every pool malloc/free."""
+
+    name = "MemoryHook"
+
+    def __enter__(self):
+        _HOOKS.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _HOOKS.remove(self)
+
+    def malloc_postprocess(self, **kwargs) -> None:
+        pass
+
+    def free_postprocess(self, **kwargs) -> None:
+        pass
 
 
 def _call(fn, args, kwargs, where: str):
@@ -746,7 +773,7 @@ def _build():
     m.cuda = types.SimpleNamespace(
         Device=Device, runtime=_runtime(), memory=memory, Event=Event,
         get_elapsed_time=get_elapsed_time, get_current_stream=lambda: _Stream(),
-        MemoryPool=_Pool)
+        MemoryPool=_Pool, MemoryHook=MemoryHook)
     m.is_gpu_sim = True
     return m
 
@@ -779,6 +806,7 @@ def reset() -> None:
     """Back to a fresh machine: device 0 current, no pool limits, counters zero."""
     _current[:] = [0]
     _POOL.limit.clear()
+    _HOOKS.clear()
     COUNTERS.reset()
     _Generator.created = 0
 

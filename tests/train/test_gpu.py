@@ -307,3 +307,35 @@ def test_train_names_the_extra_that_drives_the_card(monkeypatch, runtime, driver
 
     with pytest.raises(PocketError, match="pip install|update the NVIDIA driver"):
         backend.get_device("cuda")
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_gpu_peak_is_measured_per_category_into_metrics_and_summary(tmp_path):
+    import json
+
+    tr = _trainer(tmp_path, n=96, batch=32)
+    result = tr.fit()
+    m = result["gpu_memory"]
+    assert m["peak_bytes"] > 0
+    cats = m["at_peak"]
+    assert cats["parameters"] > 0 and cats["activations"] > 0
+    assert m["peak_bytes"] >= sum(cats.values())
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["gpu_peak_bytes"] == m["peak_bytes"]
+    from pocket.train.run import render
+
+    assert "GPU peak (pool, measured)" in render(result)
+
+
+def test_gpu_peak_sees_a_temporary_the_end_of_step_numbers_miss():
+    xp = backend.get_device("cuda").xp
+    peak = backend.GpuPeak(backend.get_device("cuda"))
+    try:
+        base = peak.live
+        tmp = xp.empty(1 << 20, np.uint8)
+        del tmp
+        assert peak.live == base and peak.peak >= base + (1 << 20)
+    finally:
+        peak.close()
