@@ -23,6 +23,7 @@ _cupy_cache: list = []  # [module or None, reason]
 def _import_cupy():
     """Return (cupy module or None, reason it is unavailable)."""
     if not _cupy_cache:
+        pin_tf32()
         try:
             import cupy
 
@@ -36,6 +37,24 @@ def _import_cupy():
         except Exception as e:  # noqa: BLE001 - any CUDA runtime failure means "no GPU"
             _cupy_cache[:] = [None, f"CUDA is not usable ({type(e).__name__}: {e})"]
     return _cupy_cache[0], _cupy_cache[1]
+
+
+def tf32_enabled() -> bool:
+    """TF32 (a 10-bit mantissa inside fp32 GEMMs and convolutions on Ampere and newer) is off
+    unless POCKET_TF32=1: fp32 training then means fp32 on every card."""
+    return os.environ.get("POCKET_TF32", "0") == "1"
+
+
+def pin_tf32() -> None:
+    """Pin TF32 for CuPy's cuBLAS and for cuDNN before either library starts: NVIDIA's
+    NVIDIA_TF32_OVERRIDE=0 turns it off in both, CUPY_TF32 is CuPy's own switch."""
+    on = tf32_enabled()
+    os.environ["CUPY_TF32"] = "1" if on else "0"
+    if on:
+        if os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+            del os.environ["NVIDIA_TF32_OVERRIDE"]
+    else:
+        os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
 
 
 def cupy_available() -> bool:
@@ -288,6 +307,88 @@ def gpu_launch(name: str, dtype, n: int, *args) -> None:
     (device arrays, C-contiguous; NumPy scalars of the kernel's parameter types)."""
     grid, block = gpu_kernels.launch_shape(n)
     gpu_function(name, dtype)(grid, block, args)
+
+
+# cuDNN convolutions through NVIDIA's cuDNN Python frontend (nvidia-cudnn-frontend, in the gpu
+# extras), on CuPy arrays via DLPack, one built plan per (device, kind, shapes, dtype,
+# geometry). Thin on purpose: it cannot run without a GPU, so every failure (no frontend, no
+# engine for the shape, a build error) returns False once and the caller's im2col + cuBLAS
+# path (tested under the CuPy stand-in) runs instead, for that shape from then on.
+_cudnn: dict = {}
+_CUDNN_KINDS = ("fprop", "dgrad", "wgrad")
+
+
+def cudnn_available() -> bool:
+    if os.environ.get("POCKET_CUDNN", "1") == "0":
+        return False
+    if "module" not in _cudnn:
+        cp = _import_cupy()[0]
+        mod = None
+        if cp is not None and not getattr(cp, "is_gpu_sim", False):
+            try:
+                import cudnn as mod
+            except Exception:  # noqa: BLE001 - missing wheel or library: the fallback runs
+                mod = None
+        _cudnn["module"] = mod
+    return _cudnn["module"] is not None
+
+
+def _cudnn_plan(kind: str, a, b, out, stride, padding, dilation):
+    cudnn, cp = _cudnn["module"], _import_cupy()[0]
+    dev = cp.cuda.runtime.getDevice()
+    key = (dev, kind, a.shape, b.shape, out.shape, a.dtype.str, stride, padding, dilation)
+    if key in _cudnn:
+        return _cudnn[key]
+    plan = None
+    try:
+        handle = _cudnn.get(("handle", dev))
+        if handle is None:
+            handle = _cudnn[("handle", dev)] = cudnn.create_handle()
+        cudnn.set_stream(handle=handle, stream=cp.cuda.get_current_stream().ptr)
+        dt = {"float16": cudnn.data_type.HALF, "float32": cudnn.data_type.FLOAT,
+              "float64": cudnn.data_type.DOUBLE}[a.dtype.name]
+        acc = cudnn.data_type.DOUBLE if a.dtype.name == "float64" else cudnn.data_type.FLOAT
+        g = cudnn.pygraph(handle=handle, io_data_type=dt, intermediate_data_type=acc,
+                          compute_data_type=acc)
+
+        def t(arr, name):
+            return g.tensor(name=name, dim=list(arr.shape),
+                            stride=[st // arr.itemsize for st in arr.strides], data_type=dt)
+
+        ta, tb = t(a, "a"), t(b, "b")
+        geo = dict(padding=list(padding), stride=list(stride), dilation=list(dilation),
+                   compute_data_type=acc)
+        if kind == "fprop":
+            to = g.conv_fprop(image=ta, weight=tb, **geo)
+        elif kind == "dgrad":
+            to = g.conv_dgrad(loss=ta, filter=tb, **geo)
+        else:
+            to = g.conv_wgrad(image=ta, loss=tb, **geo)
+        to.set_output(True).set_dim(list(out.shape)).set_stride(
+            [st // out.itemsize for st in out.strides]).set_data_type(dt)
+        g.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        plan = (g, handle, ta, tb, to, int(g.get_workspace_size()))
+    except Exception as e:  # noqa: BLE001 - no engine for this shape: im2col + cuBLAS instead
+        _cudnn.setdefault("failures", []).append(f"{kind} {a.shape} {b.shape}: {e}")
+    _cudnn[key] = plan
+    return plan
+
+
+def cudnn_conv(kind: str, a, b, out, stride, padding, dilation) -> bool:
+    """out[...] = the convolution `kind` of a and b with cuDNN; False where it cannot (the
+    caller then runs its own path). fprop: a=x, b=w, out=y; dgrad: a=gy, b=w, out=gx;
+    wgrad: a=x, b=gy, out=gw. Groups follow from the channel counts of x and w."""
+    if kind not in _CUDNN_KINDS or not cudnn_available():
+        return False
+    cp = _import_cupy()[0]
+    a, b = contiguous(a), contiguous(b)
+    plan = _cudnn_plan(kind, a, b, out, tuple(stride), tuple(padding), tuple(dilation))
+    if plan is None:
+        return False
+    g, handle, ta, tb, to, ws = plan
+    workspace = cp.empty(max(ws, 1), dtype=cp.uint8)
+    g.execute({ta: a, tb: b, to: out}, workspace, handle=handle)
+    return True
 
 
 def use_device(device: Device) -> None:

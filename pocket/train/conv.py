@@ -136,12 +136,16 @@ def _conv2d_fwd(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1
     wg = w.reshape(groups, o // groups, -1)  # (g, O/g, C/g*kh*kw)
     out = xp.empty((n, o, ho, wo), x.dtype)
     dev = "cpu" if xp is np else "cuda"
-    for n0, n1 in _chunks(n, ho * wo * c * kh * kw * x.itemsize, dev):
-        col = _im2col(x[n0:n1], k, stride, padding, dilation, ho, wo)  # (K, m)
-        y = _grouped_mm(wg, col, groups)
-        with _temporaries(col, y):
-            _to_nchw(y, b, out[n0:n1])
-        del col, y
+    if dev == "cuda" and backend.cudnn_conv("fprop", x, w, out, stride, padding, dilation):
+        if b is not None:
+            out += b.reshape(1, o, 1, 1)
+    else:
+        for n0, n1 in _chunks(n, ho * wo * c * kh * kw * x.itemsize, dev):
+            col = _im2col(x[n0:n1], k, stride, padding, dilation, ho, wo)  # (K, m)
+            y = _grouped_mm(wg, col, groups)
+            with _temporaries(col, y):
+                _to_nchw(y, b, out[n0:n1])
+            del col, y
     ctx.save(x if ctx.needs[1] else None, w if ctx.needs[0] else None)
     ctx.attrs.update(x_shape=x.shape, w_shape=w.shape, k=k, s=stride, p=padding, d=dilation,
                      g=groups, ho=ho, wo=wo, dtype=x.dtype)
@@ -169,12 +173,28 @@ def _conv2d_bwd(ctx, gy):
     # (each chunk's GEMM already accumulates in fp32): an fp16 running sum stops growing once
     # it is 2048 times a chunk's share, and a scaled gradient passes 65504.
     acc = np.float32 if at["dtype"] == np.float16 else at["dtype"]
+    dt = at["dtype"]
+    gx = xp.empty(at["x_shape"], dt) if need_x else None
+    dev = "cpu" if xp is np else "cuda"
+    gw_done = None
+    if dev == "cuda" and (need_x or need_w):
+        # cuDNN for what it has an engine for; the chunked loop below does the rest
+        gy = backend.contiguous(gy)
+        if need_x and backend.cudnn_conv("dgrad", gy, w, gx, s, p, d):
+            need_x = False
+        if need_w:
+            gw_done = xp.empty(at["w_shape"], dt)
+            if backend.cudnn_conv("wgrad", x, gy, gw_done, s, p, d):
+                need_w = False
+            else:
+                gw_done = None
+    if need_b and not (need_x or need_w):
+        gb = gy.sum(axis=(0, 2, 3), dtype=acc).astype(dt, copy=False)
+        return gx, gw_done, gb
     gb = xp.zeros(o, acc) if need_b else None
     gw = xp.zeros((g, o // g, c // g * k[0] * k[1]), acc) if need_w else None
-    gx = xp.empty(at["x_shape"], at["dtype"]) if need_x else None
     # W^T per group: (g, C/g*kh*kw, O/g)
     wt = w.reshape(g, o // g, -1).transpose(0, 2, 1) if need_x else None
-    dev = "cpu" if xp is np else "cuda"
     for n0, n1 in _chunks(n, ho * wo * c * k[0] * k[1] * gy.itemsize, dev):
         gy_r = _to_rows(gy[n0:n1])  # (O, m)
         m = gy_r.shape[1]
@@ -194,9 +214,9 @@ def _conv2d_bwd(ctx, gy):
             del gcol
         if need_b:
             gb += gy_r.sum(axis=1, dtype=acc)
-    dt = at["dtype"]
-    return (gx, gw.reshape(at["w_shape"]).astype(dt, copy=False) if need_w else None,
-            gb.astype(dt, copy=False) if need_b else None)
+    if need_w:
+        gw_done = gw.reshape(at["w_shape"]).astype(dt, copy=False)
+    return gx, gw_done, gb.astype(dt, copy=False) if need_b else None
 
 
 def _f32_on_cpu(fwd, bwd):

@@ -725,6 +725,8 @@ def get_elapsed_time(start: Event, end: Event) -> float:
 
 
 class _Stream:
+    ptr = 0  # the legacy default stream
+
     def synchronize(self) -> None:
         _sync("Stream.synchronize")
 
