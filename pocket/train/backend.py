@@ -185,8 +185,11 @@ def to_device(arr, device: str | Device):
     if device.kind == "cpu":
         return to_numpy(arr)
     cp = _import_cupy()[0]
-    if isinstance(arr, cp.ndarray) and arr.device.id == device.index:
-        return arr
+    if isinstance(arr, cp.ndarray):
+        if arr.device.id == device.index:
+            return arr
+        with cp.cuda.Device(device.index):
+            return cp.array(arr, copy=True)  # a copy that lives on `device`
     with cp.cuda.Device(device.index):
         return cp.asarray(arr)
 

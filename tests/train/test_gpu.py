@@ -339,3 +339,14 @@ def test_gpu_peak_sees_a_temporary_the_end_of_step_numbers_miss():
         assert peak.live == base and peak.peak >= base + (1 << 20)
     finally:
         peak.close()
+
+
+def test_to_device_copies_between_cards():
+    xp = backend.get_device("cuda").xp
+    if not gpu_sim.is_sim(xp) and xp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two CUDA devices")
+    a = backend.to_device(np.arange(3.0), "cuda:0")
+    b = backend.to_device(a, "cuda:1")
+    assert a.device.id == 0 and b.device.id == 1
+    assert backend.to_device(b, "cuda:1") is b
+    np.testing.assert_array_equal(backend.to_numpy(b), [0.0, 1.0, 2.0])
