@@ -368,14 +368,7 @@ class Trainer:
     def fit(self, resume: str | Path | None = None) -> dict:
         tracker = memory.get_tracker()
         tracker.reset_peak()
-        self.gpu_peak = backend.GpuPeak(self.device) if self.device.kind == "cuda" else None
-        try:
-            return self._fit(tracker, resume)
-        finally:
-            if self.gpu_peak is not None:
-                self.gpu_peak.close()
-
-    def _fit(self, tracker, resume) -> dict:
+        self._start_gpu_peak()
         if self.device.reason and self.cfg["run"]["device"] == "auto":
             _log(self.quiet, f"device: {self.device} ({self.device.reason})")
         self.out.mkdir(parents=True, exist_ok=True)
@@ -433,6 +426,14 @@ class Trainer:
             _log(self.quiet, self._epoch_line(row))
         return self._finish(time.monotonic() - t_start, tracker)
 
+    def _start_gpu_peak(self) -> None:
+        # the true GPU peak (a pool memory hook) of this fit; _finish closes it, and a fit that
+        # raised has its hook closed by the next one
+        old = getattr(self, "gpu_peak", None)
+        if old is not None:
+            old.close()
+        self.gpu_peak = backend.GpuPeak(self.device) if self.device.kind == "cuda" else None
+
     @staticmethod
     def _rank(row: dict) -> tuple[str, tuple]:
         """What "best" means: higher validation accuracy, ties broken by lower validation loss
@@ -478,6 +479,8 @@ class Trainer:
             self.amp.load_fp32_state_dict(current)
         report = tracker.report()
         gpu = backend.gpu_pool_stats(self.device) if self.device.kind == "cuda" else None
+        if self.gpu_peak is not None:
+            self.gpu_peak.close()
         result = {
             "run_dir": str(self.out),
             "best_checkpoint": str(best_path),
