@@ -50,6 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--budget", default="1GiB")
     ap.add_argument("--epochs", type=int, default=None, help="digits epochs (default: config)")
     ap.add_argument("--losses", type=int, default=20, help="first N step losses compared")
+    ap.add_argument("--limit", type=int, default=None, help="digits: use only N samples")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 on both frameworks")
     ap.add_argument("--savers", action="store_true",
                     help="pocket: fp16 saved activations + activation checkpointing")
@@ -83,7 +84,8 @@ def write_json(out: Path, name: str, obj: dict) -> Path:
 # ----------------------------------------------------------------------------- digits
 
 
-def _digits_run(device: str, precision: str, epochs, n_losses: int, out: Path) -> dict:
+def _digits_run(device: str, precision: str, epochs, n_losses: int, out: Path,
+                limit=None) -> dict:
     from pocket.train.config import load_config
     from pocket.train.trainer import Trainer
 
@@ -92,6 +94,8 @@ def _digits_run(device: str, precision: str, epochs, n_losses: int, out: Path) -
     if epochs:
         overrides["epochs"] = epochs
     cfg = load_config(ROOT / "examples" / "digits_cnn.toml", overrides)
+    if limit:
+        cfg["data"]["limit"] = limit
     tr = Trainer(cfg, quiet=True)
     losses: list[float] = []
     step = tr.train_step
@@ -121,12 +125,12 @@ def compare_losses(ref: list[float], got: list[float]) -> dict:
 
 
 def digits(args) -> dict:
-    cpu = _digits_run("cpu", "fp32", args.epochs, args.losses, args.out / "reference")
+    cpu = _digits_run("cpu", "fp32", args.epochs, args.losses, args.out / "reference", args.limit)
     result = {"reference_cpu_fp32": cpu}
     for p in args.precisions:
         key = f"{args.device.replace(':', '')}_{p}"
         try:
-            run = _digits_run(args.device, p, args.epochs, args.losses, args.out)
+            run = _digits_run(args.device, p, args.epochs, args.losses, args.out, args.limit)
         except Exception as e:  # noqa: BLE001 - the report says which run failed and why
             result[key] = {"error": f"{type(e).__name__}: {e}"}
             continue

@@ -94,7 +94,7 @@ def test_torch_comparison_path_on_the_cpu(gc, tmp_path):
 def test_digits_losses_compared_with_the_cpu_run(gc, tmp_path):
     pytest.importorskip("sklearn")
     args = gc.parse_args(["digits", "--out", str(tmp_path), "--device", "cpu", "--precisions",
-                          "fp32", "--epochs", "1", "--losses", "5"])
+                          "fp32", "--epochs", "1", "--losses", "5", "--limit", "400"])
     res = gc.digits(args)
     ref = res["reference_cpu_fp32"]
     assert len(ref["losses"]) == 5 and all(np.isfinite(ref["losses"]))
