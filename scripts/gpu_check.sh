@@ -32,7 +32,7 @@ step env 10 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --f
   $py -c 'import cupy, numpy; print(\"cupy\", cupy.__version__, cupy.cuda.runtime.runtimeGetVersion(), \"numpy\", numpy.__version__)'; \
   $py -c 'import torch; print(\"torch\", torch.__version__, torch.backends.cudnn.version())'"
 step gpu_tests 140 $py -m pytest -m "gpu or cuda" -q -p no:cacheprovider -o addopts="" \
-  --junitxml="$OUT/gpu_tests.xml" tests/train
+  --junitxml="$OUT/gpu_tests.xml" tests
 step digits 75 $py bench/gpu_check.py digits --out "$OUT"
 step steps_pocket 80 $py bench/gpu_check.py steps --framework pocket --out "$OUT" "${tf32[@]}"
 step steps_torch 50 $py bench/gpu_check.py steps --framework torch --out "$OUT" "${tf32[@]}"

@@ -350,3 +350,23 @@ def test_to_device_copies_between_cards():
     assert a.device.id == 0 and b.device.id == 1
     assert backend.to_device(b, "cuda:1") is b
     np.testing.assert_array_equal(backend.to_numpy(b), [0.0, 1.0, 2.0])
+
+
+def test_pocket_train_fp16_on_cuda_through_the_cli(tmp_path):
+    # the command itself, in-process: flags -> config -> Trainer -> fit
+    import json
+
+    from click.testing import CliRunner
+
+    from pocket.cli import main
+
+    tr_dir = tmp_path / "cfg"
+    tr_dir.mkdir()
+    _trainer(tr_dir, n=96, batch=32)  # writes exp.toml and the data
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["train", str(tr_dir / "exp.toml"), "--device", "cuda",
+                                    "--precision", "fp16", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout.strip().splitlines()[-1])
+    assert r["device"] == "cuda:0" and r["precision"] == "fp16" and r["gpu_memory"]["peak_bytes"]
+    assert (out / "best.ckpt").exists()
