@@ -65,8 +65,17 @@ class MixedPrecision:
         self.precision = precision
         self.dtype = np.dtype(np.float16 if precision == "fp16" else np.float32)
         self._pairs: list[tuple[str, Parameter, Parameter]] = []  # (name, master, model param)
+        self._fp32_params: list[tuple[str, Parameter]] = []  # kept fp32 on the model (BN)
         if precision == "fp16":
+            kept = _norm_parameter_ids(model)
             for name, p in model.named_parameters():
+                if id(p) in kept:
+                    # NOTE: BN's gamma/beta stay fp32 (as in PyTorch's autocast): their
+                    # gradients are sums over N*H*W and would be rounded to fp16 otherwise;
+                    # F.batchnorm computes in the activations' dtype and sums in fp32.
+                    self._fp32_params.append((name, p))
+                    continue
+                # the master lives where the weight lives: build this after model.to(device)
                 master = Parameter(p.data.astype(np.float32), requires_grad=p.requires_grad)
                 p.data = p.data.astype(np.float16) if _is_float(p.data) else p.data
                 p.grad = None
@@ -77,15 +86,22 @@ class MixedPrecision:
         return self.precision == "fp16"
 
     def master_params(self) -> list[tuple[str, Parameter]]:
-        """(name, parameter) pairs the optimizer should own: fp32 masters in fp16 mode, the
-        model's own parameters in fp32 mode (same names either way)."""
+        """(name, parameter) pairs the optimizer should own: fp32 masters in fp16 mode (and
+        the fp32 norm parameters themselves), the model's own parameters in fp32 mode (same
+        names either way, in the model's order)."""
         if not self.enabled:
             return list(self.model.named_parameters())
-        return [(name, master) for name, master, _ in self._pairs]
+        own = {name: master for name, master, _ in self._pairs}
+        own.update(self._fp32_params)
+        return [(name, own[name]) for name, _ in self.model.named_parameters()]
 
     def before_step(self) -> None:
         """Copy the (optimizer-updated) fp32 masters into the fp16 model weights."""
-        for _, master, p in self._pairs:
+        for name, master, p in self._pairs:
+            if backend.device_of(master.data) != backend.device_of(p.data):
+                raise PrecisionError(f"fp32 master of {name} is on {backend.device_of(master.data)}"
+                                     f" but the weight is on {backend.device_of(p.data)}: create "
+                                     "MixedPrecision after moving the model to its device")
             p.data[...] = master.data  # casts to fp16 in place, no new array
 
     def cast_input(self, x):
@@ -96,8 +112,10 @@ class MixedPrecision:
             return Tensor(x.data.astype(self.dtype)) if _is_float(x.data) else x
         return x.astype(self.dtype) if _is_float(x) else x
 
-    def grads_to_master(self, scale: float = 1.0) -> bool:
-        """Unscale the model's gradients into fp32 master gradients; True if any is non-finite.
+    def grads_to_master(self, scale: float = 1.0, sync: bool = True):
+        """Unscale the model's gradients into fp32 master gradients; reports whether any is
+        non-finite: a bool, or with sync=False a device scalar (nonzero = non-finite) that the
+        caller reads with its one host sync of the step.
 
         In fp16 mode the fp16 model gradients are dropped once copied (they are consumed). In
         fp32 mode the gradients are unscaled in place when scale != 1.
@@ -108,7 +126,7 @@ class MixedPrecision:
             if inv != 1.0:
                 for g in grads:
                     g *= inv
-            return _any_nonfinite(grads)
+            return _finish(nonfinite_flag(grads), sync)
         grads = []
         for _, master, p in self._pairs:
             if p.grad is None:
@@ -120,7 +138,11 @@ class MixedPrecision:
             master.grad = g
             grads.append(g)
             p.grad = None
-        return _any_nonfinite(grads)
+        for _, p in self._fp32_params:
+            if p.grad is not None:
+                p.grad *= inv
+                grads.append(p.grad)
+        return _finish(nonfinite_flag(grads), sync)
 
     def zero_model_grads(self) -> None:
         for p in self.model.parameters():
@@ -146,15 +168,30 @@ class MixedPrecision:
                                                  backend.device_of(master.data))
 
 
-def _any_nonfinite(grads: list) -> bool:
+def _norm_parameter_ids(model) -> set[int]:
+    from pocket.train.nn import _BatchNorm
+
+    return {id(p) for m in model.modules() if isinstance(m, _BatchNorm)
+            for p in m.parameters()}
+
+
+def nonfinite_flag(grads: list):
+    """A device scalar that is non-finite iff some gradient holds a NaN or inf, without a host
+    sync: the float64 sum of every gradient's float64 sum (a finite float64 sum of fp16/fp32
+    values cannot overflow, and NaN/inf survive it). 0.0 (host) when there are no gradients."""
     if not grads:
-        return False
+        return 0.0
     xp = backend.get_array_module(grads[0])
-    # NOTE: one summed probe; NaN/inf survive a float64 sum, so one sync decides.
-    probe = sum(xp.sum(g, dtype=xp.float64) for g in grads)
-    if math.isfinite(float(probe)):
-        return False
-    return any(not bool(xp.isfinite(g).all()) for g in grads)
+    total = xp.sum(grads[0], dtype=xp.float64)
+    for g in grads[1:]:
+        total = total + xp.sum(g, dtype=xp.float64)
+    return total
+
+
+def _finish(flag, sync: bool):
+    if not sync:
+        return flag
+    return not math.isfinite(float(flag))
 
 
 class LossScaler:

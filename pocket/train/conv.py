@@ -12,7 +12,8 @@ The forward saves only x and w and rebuilds the columns in the backward. Keeping
 cost kh*kw times x's bytes of activation memory (about the whole of PyTorch's peak on the
 CIFAR reference CNN) to save one im2col per conv, a few percent of a step once im2col runs at
 copy speed.
-CPU loops are Numba kernels (`kernels_cpu`); the GPU path uses strided slicing per kernel tap.
+CPU loops are Numba kernels (`kernels_cpu`); on the GPU im2col and col2im are one RawKernel
+each (`gpu_kernels`, the fallback and test twin of cuDNN) and the GEMMs are cuBLAS.
 """
 
 from __future__ import annotations
@@ -65,20 +66,14 @@ def _im2col(x, k, s, p, d, ho, wo):
 
         kernels_cpu.im2col(np.ascontiguousarray(x), *k, *s, *p, *d, col)
     else:
-        _im2col_taps(x, k, s, p, d, col)
+        backend.gpu_launch("im2col", x.dtype, col.size, backend.contiguous(x), col,
+                           *_geometry(x.shape, k, s, p, d, ho, wo))
     return col.reshape(c * k[0] * k[1], n * ho * wo)
 
 
-def _im2col_taps(x, k, s, p, d, col):
-    # GPU path, one strided slice per kernel tap: x (n, C, H, W) -> col (C, kh, kw, n, Ho, Wo)
-    xp = backend.get_array_module(x)
-    ho, wo = col.shape[4:]
-    xpad = xp.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
-    for i in range(k[0]):
-        for j in range(k[1]):
-            h0, w0 = i * d[0], j * d[1]
-            tap = xpad[:, :, h0:h0 + s[0] * (ho - 1) + 1:s[0], w0:w0 + s[1] * (wo - 1) + 1:s[1]]
-            col[:, i, j] = tap.transpose(1, 0, 2, 3)
+def _geometry(shape, k, s, p, d, ho, wo):
+    # the int32 geometry arguments of the im2col/col2im kernels
+    return tuple(np.int32(v) for v in (*shape, *k, *s, *p, *d, ho, wo))
 
 
 def _col2im(col, k, s, p, d, ho, wo, gx):
@@ -91,21 +86,10 @@ def _col2im(col, k, s, p, d, ho, wo, gx):
 
         kernels_cpu.col2im(np.ascontiguousarray(col), *k, *s, *p, *d, gx)
     else:
-        gx[...] = _col2im_taps(col, gx.shape, k, s, p, d)
-
-
-def _col2im_taps(col, shape, k, s, p, d):
-    # GPU path: col (C, kh, kw, n, Ho, Wo) -> gx (n, C, H, W)
-    xp = backend.get_array_module(col)
-    n, c, h, w = shape
-    ho, wo = col.shape[4:]
-    gpad = xp.zeros((n, c, h + 2 * p[0], w + 2 * p[1]), col.dtype)
-    for i in range(k[0]):
-        for j in range(k[1]):
-            h0, w0 = i * d[0], j * d[1]
-            gpad[:, :, h0:h0 + s[0] * (ho - 1) + 1:s[0], w0:w0 + s[1] * (wo - 1) + 1:s[1]] += (
-                col[:, i, j].transpose(1, 0, 2, 3))
-    return gpad[:, :, p[0]:p[0] + h, p[1]:p[1] + w]
+        # one gather kernel (each input element sums the taps that read it); gx is a batch
+        # slice of a C-contiguous array, so it is contiguous itself
+        backend.gpu_launch("col2im", col.dtype, gx.size, backend.contiguous(col), gx,
+                           *_geometry(gx.shape, k, s, p, d, ho, wo))
 
 
 def _to_nchw(y, b, out):
@@ -152,12 +136,16 @@ def _conv2d_fwd(ctx, x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1
     wg = w.reshape(groups, o // groups, -1)  # (g, O/g, C/g*kh*kw)
     out = xp.empty((n, o, ho, wo), x.dtype)
     dev = "cpu" if xp is np else "cuda"
-    for n0, n1 in _chunks(n, ho * wo * c * kh * kw * x.itemsize, dev):
-        col = _im2col(x[n0:n1], k, stride, padding, dilation, ho, wo)  # (K, m)
-        y = _grouped_mm(wg, col, groups)
-        with _temporaries(col, y):
-            _to_nchw(y, b, out[n0:n1])
-        del col, y
+    if dev == "cuda" and backend.cudnn_conv("fprop", x, w, out, stride, padding, dilation):
+        if b is not None:
+            out += b.reshape(1, o, 1, 1)
+    else:
+        for n0, n1 in _chunks(n, ho * wo * c * kh * kw * x.itemsize, dev):
+            col = _im2col(x[n0:n1], k, stride, padding, dilation, ho, wo)  # (K, m)
+            y = _grouped_mm(wg, col, groups)
+            with _temporaries(col, y):
+                _to_nchw(y, b, out[n0:n1])
+            del col, y
     ctx.save(x if ctx.needs[1] else None, w if ctx.needs[0] else None)
     ctx.attrs.update(x_shape=x.shape, w_shape=w.shape, k=k, s=stride, p=padding, d=dilation,
                      g=groups, ho=ho, wo=wo, dtype=x.dtype)
@@ -181,12 +169,32 @@ def _conv2d_bwd(ctx, gy):
     g, k, s, p, d, ho, wo = at["g"], at["k"], at["s"], at["p"], at["d"], at["ho"], at["wo"]
     need_x, need_w = ctx.needs[0], ctx.needs[1]
     need_b = len(ctx.needs) > 2 and ctx.needs[2]
-    gb = xp.zeros(o, at["dtype"]) if need_b else None
-    gw = xp.zeros((g, o // g, c // g * k[0] * k[1]), at["dtype"]) if need_w else None
-    gx = xp.empty(at["x_shape"], at["dtype"]) if need_x else None
+    # NOTE: the weight and bias gradients are summed over the batch chunks in fp32 under fp16
+    # (each chunk's GEMM already accumulates in fp32): an fp16 running sum stops growing once
+    # it is 2048 times a chunk's share, and a scaled gradient passes 65504.
+    acc = np.float32 if at["dtype"] == np.float16 else at["dtype"]
+    dt = at["dtype"]
+    gx = xp.empty(at["x_shape"], dt) if need_x else None
+    dev = "cpu" if xp is np else "cuda"
+    gw_done = None
+    if dev == "cuda" and (need_x or need_w):
+        # cuDNN for what it has an engine for; the chunked loop below does the rest
+        gy = backend.contiguous(gy)
+        if need_x and backend.cudnn_conv("dgrad", gy, w, gx, s, p, d):
+            need_x = False
+        if need_w:
+            gw_done = xp.empty(at["w_shape"], dt)
+            if backend.cudnn_conv("wgrad", x, gy, gw_done, s, p, d):
+                need_w = False
+            else:
+                gw_done = None
+    if need_b and not (need_x or need_w):
+        gb = gy.sum(axis=(0, 2, 3), dtype=acc).astype(dt, copy=False)
+        return gx, gw_done, gb
+    gb = xp.zeros(o, acc) if need_b else None
+    gw = xp.zeros((g, o // g, c // g * k[0] * k[1]), acc) if need_w else None
     # W^T per group: (g, C/g*kh*kw, O/g)
     wt = w.reshape(g, o // g, -1).transpose(0, 2, 1) if need_x else None
-    dev = "cpu" if xp is np else "cuda"
     for n0, n1 in _chunks(n, ho * wo * c * k[0] * k[1] * gy.itemsize, dev):
         gy_r = _to_rows(gy[n0:n1])  # (O, m)
         m = gy_r.shape[1]
@@ -205,8 +213,10 @@ def _conv2d_bwd(ctx, gy):
                 _col2im(gcol, k, s, p, d, ho, wo, gx[n0:n1])
             del gcol
         if need_b:
-            gb += gy_r.sum(axis=1)
-    return gx, gw.reshape(at["w_shape"]) if need_w else None, gb
+            gb += gy_r.sum(axis=1, dtype=acc)
+    if need_w:
+        gw_done = gw.reshape(at["w_shape"]).astype(dt, copy=False)
+    return gx, gw_done, gb.astype(dt, copy=False) if need_b else None
 
 
 def _f32_on_cpu(fwd, bwd):
@@ -290,7 +300,9 @@ def _maxpool_taps(x, shape, k, s, p, d):
         for j in range(k[1]):
             h0, w0 = i * d[0], j * d[1]
             tap = xpad[:, :, h0:h0 + s[0] * (ho - 1) + 1:s[0], w0:w0 + s[1] * (wo - 1) + 1:s[1]]
-            better = tap > out
+            # NOTE: a NaN tap wins (tap != tap), as on the CPU and in PyTorch: dropping it
+            # would hide an fp16 overflow from the loss scaler.
+            better = (tap > out) | (tap != tap)
             out = xp.where(better, tap, out)
             arg = xp.where(better, i * k[1] + j, arg)
     return out, arg

@@ -396,8 +396,13 @@ def _relu_bwd(ctx, gy):
         kernels_cpu.relu_backward(np.ascontiguousarray(gy).reshape(-1),
                                   np.ascontiguousarray(out).reshape(-1), gx.reshape(-1))
         return (gx,)
-    k = backend.gpu_kernel("relu_backward") if _xp(gy) is not np else None
-    return (k(gy, out) if k is not None else gy * (out > 0),)
+    if _xp(gy) is not np and gy.dtype == out.dtype and gy.dtype in backend.GPU_FLOAT_DTYPES:
+        gy = _xp(gy).ascontiguousarray(gy)
+        gx = _xp(gy).empty_like(gy)
+        backend.gpu_launch("relu_backward", gy.dtype, gy.size, gy,
+                           _xp(out).ascontiguousarray(out), gx, np.int64(gy.size))
+        return (gx,)
+    return (gy * (out > 0),)
 
 
 def _leaky_relu_fwd(ctx, x, slope=0.01):
@@ -485,8 +490,7 @@ def _hardsigmoid_bwd(ctx, gy):
 
 
 def _dropout_fwd(ctx, x, p=0.5, rng=None):
-    keep = backend.uniform(x.shape, x, rng) >= p
-    mask = keep.astype(x.dtype) * (1.0 / (1.0 - p))
+    mask = backend.dropout_mask(x.shape, x, p, rng)
     ctx.save(mask)
     return x * mask
 
@@ -642,14 +646,14 @@ def _batchnorm_fwd(ctx, x, gamma, beta, running_mean=None, running_var=None, tra
         invstd = (1.0 / xp.sqrt(var + eps)).astype(x.dtype, copy=False)
         xhat = xc
         xhat *= invstd.reshape(shape)
-        y = xhat * gamma.reshape(shape) + beta.reshape(shape)
+        y = xhat * _as(gamma, x).reshape(shape) + _as(beta, x).reshape(shape)
     else:
         mean = running_mean.astype(x.dtype, copy=False)
         var = running_var.astype(x.dtype, copy=False)
         invstd = (1.0 / xp.sqrt(var + eps)).astype(x.dtype, copy=False)
         xhat = x - mean.reshape(shape)
         xhat *= invstd.reshape(shape)
-        y = xhat * gamma.reshape(shape) + beta.reshape(shape)
+        y = xhat * _as(gamma, x).reshape(shape) + _as(beta, x).reshape(shape)
     if training and running_mean is not None:
         # NOTE: running var is the unbiased estimate, as in PyTorch.
         running_mean *= 1 - momentum
@@ -677,18 +681,28 @@ def _batchnorm_bwd(ctx, gy):
         return (gx.reshape(gy.shape) if ctx.needs[0] else None,
                 ggamma.astype(gamma.dtype) if ctx.needs[1] else None,
                 gbeta.astype(gamma.dtype) if ctx.needs[2] else None)
-    gbeta = gy.sum(axis=axes)
-    ggamma = (gy * xhat).sum(axis=axes)
+    # NOTE: under fp16 the per-channel sums run in fp32 and the gamma/beta gradients stay fp32
+    # (mixed precision keeps BN's parameters fp32): a sum over N*H*W scaled fp16 gradients
+    # loses its low bits and can pass 65504.
+    acc = np.float32 if gy.dtype == np.float16 else gy.dtype
+    gbeta = gy.sum(axis=axes, dtype=acc)
+    ggamma = (gy * xhat).sum(axis=axes, dtype=acc)
     gx = None
     if ctx.needs[0]:
-        scale = (gamma * invstd).reshape(shape)
+        scale = (gamma * invstd).astype(gy.dtype, copy=False).reshape(shape)
         if ctx.attrs["training"]:
             m = gy.size // gy.shape[1]
             # d/dx of (x - mean) * invstd through the batch mean and variance
-            gx = scale * (gy - (gbeta / m).reshape(shape) - xhat * (ggamma / m).reshape(shape))
+            gx = scale * (gy - (gbeta / m).astype(gy.dtype, copy=False).reshape(shape)
+                          - xhat * (ggamma / m).astype(gy.dtype, copy=False).reshape(shape))
         else:
             gx = gy * scale
-    return gx, ggamma if ctx.needs[1] else None, gbeta if ctx.needs[2] else None
+    return (gx, ggamma.astype(gamma.dtype, copy=False) if ctx.needs[1] else None,
+            gbeta.astype(gamma.dtype, copy=False) if ctx.needs[2] else None)
+
+
+def _as(a, like):
+    return a.astype(like.dtype, copy=False)
 
 
 _batchnorm = primitive("batchnorm", _batchnorm_fwd, _batchnorm_bwd)

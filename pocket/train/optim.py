@@ -99,9 +99,16 @@ class Optimizer:
             return []
         return [n for n, g in grads if not bool(xp.isfinite(g).all())]
 
-    def step(self) -> StepResult:
-        if self.check_finite:
-            bad = self.nonfinite_params()
+    def step(self, nonfinite: bool | None = None) -> StepResult:
+        """Update every parameter with a gradient, unless one gradient is non-finite.
+
+        `nonfinite` is the caller's own device-side finite check, already read (the trainer
+        reads it with the loss in its one host sync per step): given, the guard trusts it and
+        looks at the gradients again only to name the bad ones."""
+        if self.check_finite or nonfinite:
+            bad = (self.nonfinite_params() if nonfinite is None or nonfinite else [])
+            if nonfinite and not bad:
+                bad = ["(a gradient that overflowed while being unscaled)"]
             if bad:
                 return StepResult(True, f"non-finite gradient in {', '.join(bad)}; step skipped",
                                   bad)
@@ -115,14 +122,13 @@ class Optimizer:
         h, lr, x = self.hyper, self.lr, p.data
         xp = backend.get_array_module(x)
         wd = h["weight_decay"]
+        if xp is not np and x.dtype in (np.float32, np.float64) and g.dtype == x.dtype:
+            self._update_gpu(name, p, g)
+            return
         if h["adaptive"]:
             m, v = self._slot(name, p, "exp_avg"), self._slot(name, p, "exp_avg_sq")
             b1, b2 = h["betas"]
             bc1, bc2 = 1 - b1**self.step_count, 1 - b2**self.step_count
-            kern = backend.gpu_kernel("adam") if xp is not np else None
-            if kern is not None:
-                kern(g, lr, b1, b2, h["eps"], wd, float(h["decoupled"]), bc1, bc2, x, m, v)
-                return
             if wd and h["decoupled"]:
                 x *= 1 - lr * wd
             elif wd:
@@ -143,10 +149,6 @@ class Optimizer:
         if mom:
             first = "momentum_buffer" not in self.state.get(name, {})
             buf = self._slot(name, p, "momentum_buffer")
-            kern = backend.gpu_kernel("sgd_momentum") if xp is not np else None
-            if kern is not None:
-                kern(g, lr, mom, 0.0, h["dampening"], int(h["nesterov"]), int(first), x, buf)
-                return
             if first:
                 buf[...] = g
             else:
@@ -154,6 +156,32 @@ class Optimizer:
                 buf += (1 - h["dampening"]) * g
             g = g + mom * buf if h["nesterov"] else buf
         x -= lr * g
+
+    def _update_gpu(self, name: str, p: Parameter, g) -> None:
+        # One fused kernel per parameter reads p, g and the state once and writes them once
+        # (the unfused update is ~8 passes and as many temporaries).
+        h, x = self.hyper, p.data
+        t = x.dtype.type
+        g = backend.contiguous(g)
+        n = np.int64(x.size)
+        if h["adaptive"]:
+            m, v = self._slot(name, p, "exp_avg"), self._slot(name, p, "exp_avg_sq")
+            b1, b2 = h["betas"]
+            backend.gpu_launch("adam_step", x.dtype, x.size, x, g, m, v, n, t(self.lr), t(b1),
+                               t(b2), t(h["eps"]), t(h["weight_decay"]),
+                               t(1 - b1**self.step_count), t(1 - b2**self.step_count),
+                               np.int32(h["decoupled"]))
+            return
+        mom = h["momentum"]
+        flags = (1 if h["nesterov"] else 0) | (4 if h["decoupled"] else 0) | (8 if mom else 0)
+        if mom:
+            if "momentum_buffer" not in self.state.get(name, {}):
+                flags |= 2
+            buf = self._slot(name, p, "momentum_buffer")
+        else:
+            buf = x  # not read without momentum; any valid pointer
+        backend.gpu_launch("sgd_step", x.dtype, x.size, x, g, buf, n, t(self.lr),
+                           t(h["weight_decay"]), t(mom), t(h["dampening"]), np.int32(flags))
 
     def state_dict(self) -> dict:
         return {
@@ -208,16 +236,28 @@ class AdamW(Optimizer):
                          weight_decay=weight_decay, **kw)
 
 
-def clip_grad_norm(params, max_norm: float, eps: float = 1e-6) -> float:
+def clip_grad_norm(params, max_norm: float, eps: float = 1e-6, sync: bool = True):
     """Scale all gradients together so their global L2 norm is at most max_norm.
 
     Returns the norm before clipping (inf/NaN if a gradient is non-finite; then nothing is
-    scaled and the optimizer's guard skips the step)."""
+    scaled and the optimizer's guard skips the step). With sync=False the norm stays on the
+    device and the scaling is done there (factor min(1, max_norm / (norm + eps)), 1 for a
+    non-finite norm), so the step does not wait on the host; the norm is returned as a device
+    scalar."""
     grads = [p.grad for _, p in _named(params) if p.grad is not None]
     if not grads:
         return 0.0
     xp = backend.get_array_module(grads[0])
-    total = math.sqrt(float(sum(xp.sum(g.astype(xp.float64) ** 2) for g in grads)))
+    sq = xp.sum(xp.square(grads[0], dtype=xp.float64))
+    for g in grads[1:]:
+        sq = sq + xp.sum(xp.square(g, dtype=xp.float64))
+    if not sync:
+        total = xp.sqrt(sq)
+        factor = xp.where(xp.isfinite(total) & (total > max_norm), max_norm / (total + eps), 1.0)
+        for g in grads:
+            g *= factor.astype(g.dtype)
+        return total
+    total = math.sqrt(float(sq))
     if math.isfinite(total) and total > max_norm:
         scale = max_norm / (total + eps)
         for g in grads:

@@ -127,6 +127,12 @@ def render(r: dict) -> str:
         g = r["gpu_pool"]
         lines.append(f"GPU memory pool: used {format_size(g['used_bytes'])}, held "
                      f"{format_size(g['total_bytes'])}")
+    if r.get("gpu_memory"):
+        m = r["gpu_memory"]
+        parts = ", ".join(f"{k} {format_size(v)}" for k, v in m["at_peak"].items() if v)
+        lines.append(f"GPU peak (pool, measured): {format_size(m['peak_bytes'])}"
+                     + (f" = {parts}, untracked {format_size(m['unattributed_bytes'])}"
+                        if parts else ""))
     lines.append("")
     lines.append(f"checkpoints: {r['best_checkpoint']} (best), {r['last_checkpoint']} (last); "
                  f"the run's result: {r.get('result_checkpoint', r['best_checkpoint'])}")

@@ -83,6 +83,7 @@ class Trainer:
         self.callbacks = list(callbacks)
         run, data_cfg, tr, mem = cfg["run"], cfg["data"], cfg["train"], cfg["memory"]
         self.device = backend.get_device(run["device"])
+        backend.use_device(self.device)
         self.seed = int(run["seed"])
         backend.manual_seed(self.seed)
         self.out = Path(run["out"] or Path("runs") / run["name"])
@@ -105,11 +106,14 @@ class Trainer:
         self.precision = mem["precision"]
         if mem["budget"] is not None:
             self._apply_budget(parse_size(mem["budget"]))
-        self._setup_precision()
         if self.device.kind == "cpu" and (self.plan or self.segments > 1
                                           or self.fp16_activations):
             backend.return_freed_host_memory()
+        # NOTE: the model moves first: the fp16 masters (and through them the optimizer state)
+        # are created where the weights are, or every step would write host arrays into
+        # device arrays.
         self.model.to(self.device)
+        self._setup_precision()
         self.train_loader = Loader(self.data.train, self.batch_size, shuffle=True,
                                    drop_last=tr["drop_last"] and len(self.data.train) >= self.batch_size,
                                    seed=self.seed, augment=data_cfg["augment"] or None,
@@ -162,8 +166,12 @@ class Trainer:
             return build_model(self.cfg["model"], self.data.input_shape, self.data.num_outputs,
                                np.random.default_rng(self.seed))
 
+        # NOTE: on the GPU the plan must fit the pool cap, which leaves room for the CUDA
+        # context and library workspaces, so that a run planned for a 4 GiB budget fits a
+        # 4 GiB card.
+        pool_budget = backend.gpu_pool_limit(budget) if self.device.kind == "cuda" else budget
         self.plan = plan_memory(fresh, tuple(self.data.input_shape), self.data.num_outputs,
-                                self.task, self.batch_size, budget, device=self.device,
+                                self.task, self.batch_size, pool_budget, device=self.device,
                                 optimizer=self.cfg["train"]["optimizer"],
                                 allow_fp16=self.device.kind == "cuda")
         self.micro_batch = self.plan.micro_batch
@@ -173,7 +181,7 @@ class Trainer:
             self.precision = self.plan.precision
         _log(self.quiet, self.plan.describe())
         if self.device.kind == "cuda":
-            backend.cap_gpu_pool(budget)
+            backend.cap_gpu_pool(budget, self.device)
 
     def _setup_precision(self) -> None:
         from pocket.train.amp import LossScaler, MixedPrecision
@@ -230,11 +238,15 @@ class Trainer:
         return saved_activations_fp16(True)
 
     def train_step(self, xb: np.ndarray, yb: np.ndarray) -> tuple[float, int]:
-        """One optimizer step over a batch, in micro-batches; returns (mean loss, correct)."""
+        """One optimizer step over a batch, in micro-batches; returns (mean loss, correct).
+
+        The step waits on the device once: the loss, the correct count and the finite check
+        of every gradient (which feeds both the loss scaler and the optimizer's guard) are
+        accumulated on the device and read together at the end."""
         xp = self.device.xp
         k = max(1, math.ceil(len(xb) / self.micro_batch))
         self.amp.before_step()
-        total_loss, correct = 0.0, 0
+        total_loss, correct = 0.0, 0.0
         for i in range(k):
             xs = xb[i * self.micro_batch:(i + 1) * self.micro_batch]
             ys = yb[i * self.micro_batch:(i + 1) * self.micro_batch]
@@ -252,28 +264,39 @@ class Trainer:
                 weight = len(xs) / len(xb)
                 scaled = self.scaler.scale_loss(loss * weight)
                 scaled.backward()
-            total_loss += float(loss.item()) * weight
+            total_loss = total_loss + loss.data.astype(np.float64) * weight
             if self.task == "classification":
-                correct += int((xp.argmax(out.data, axis=1) == y).sum())
+                correct = correct + (xp.argmax(out.data, axis=1) == y).sum()
             del out, loss, scaled
         with np.errstate(over="ignore", invalid="ignore"):
-            nonfinite = self.amp.grads_to_master(self.scaler.scale)
+            flag = self.amp.grads_to_master(self.scaler.scale, sync=False)
+        # the step's one host sync
+        if xp is np:
+            got = (float(flag), float(total_loss), float(correct))
+        else:
+            got = tuple(xp.stack([xp.asarray(v, dtype=xp.float64)
+                                  for v in (flag, total_loss, correct)]).get().tolist())
+        nonfinite = not math.isfinite(got[0])
         skip = self.scaler.update(nonfinite)
         if not skip:
             clip = self.cfg["train"]["clip_grad_norm"]
             if clip:
-                optim.clip_grad_norm(self.optimizer.params, clip)
-            result = self.optimizer.step()
+                optim.clip_grad_norm(self.optimizer.params, clip, sync=False)
+            result = self.optimizer.step(nonfinite=False)
             if not result:
                 skip = True
                 _log(self.quiet, f"step {self.step}: {result.reason}")
+        elif not self.scaler.enabled:
+            # fp32: no scaler to back off, so the guard names the bad gradients and skips
+            result = self.optimizer.step(nonfinite=True)
+            _log(self.quiet, f"step {self.step}: {result.reason}")
         if skip:
             self.skipped_steps += 1
         self.optimizer.zero_grad()
         self.amp.zero_model_grads()
         self.schedule.step()
         self.step += 1
-        return total_loss, correct
+        return got[1], int(got[2])
 
     # ------------------------------------------------------------------ evaluation
 
@@ -456,6 +479,7 @@ class Trainer:
     def fit(self, resume: str | Path | None = None, *, force: bool = False) -> dict:
         tracker = memory.get_tracker()
         tracker.reset_peak()
+        self._start_gpu_peak()
         if self.device.reason and self.cfg["run"]["device"] == "auto":
             _log(self.quiet, f"device: {self.device} ({self.device.reason})")
         self._prepare_out(resume, force)
@@ -526,6 +550,8 @@ class Trainer:
                    "lr": self.optimizer.lr, "time_s": round(time.monotonic() - t0, 3),
                    "skipped_steps": self.skipped_steps,
                    "peak_bytes": tracker.total_peak}
+            if self.gpu_peak is not None:
+                row["gpu_peak_bytes"] = self.gpu_peak.peak
             if is_cls:
                 row["train_accuracy"] = correct / max(seen, 1)
             if self.precision == "fp16":
@@ -559,6 +585,14 @@ class Trainer:
                                  f"{self.stopped['reason']}; best epoch "
                                  f"{self.stopped['best_epoch']}")
                 break
+
+    def _start_gpu_peak(self) -> None:
+        # the true GPU peak (a pool memory hook) of this fit; _finish closes it, and a fit that
+        # raised has its hook closed by the next one
+        old = getattr(self, "gpu_peak", None)
+        if old is not None:
+            old.close()
+        self.gpu_peak = backend.GpuPeak(self.device) if self.device.kind == "cuda" else None
 
     def _rank(self, row: dict) -> tuple[str, tuple]:
         """What "best" means, higher rank first. `monitor = "auto"`: higher validation accuracy,
@@ -648,7 +682,9 @@ class Trainer:
                        **{f"test_{k}": v for k, v in test.items()}}
             self._rewrite_metadata(result_path, metrics)
         report = tracker.report()
-        gpu = backend.gpu_pool_stats() if self.device.kind == "cuda" else None
+        gpu = backend.gpu_pool_stats(self.device) if self.device.kind == "cuda" else None
+        if self.gpu_peak is not None:
+            self.gpu_peak.close()
         result = {
             "run_dir": str(self.out),
             "best_checkpoint": str(best_path),
@@ -671,6 +707,7 @@ class Trainer:
             "memory": {k: v for k, v in report.items() if k != "table"},
             "memory_table": report["table"],
             "gpu_pool": gpu,
+            "gpu_memory": self.gpu_peak.report() if self.gpu_peak is not None else None,
             "plan": self.plan.describe() if self.plan else None,
         }
         with open(self.out / "summary.json.tmp", "w", encoding="utf-8") as f:

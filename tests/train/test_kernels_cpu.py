@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pocket.train import conv, kernels_cpu
 from pocket.train import functional as F
+from pocket.train import gpu_kernels, kernels_cpu
 from pocket.train.gradcheck import gradcheck
 from pocket.train.tensor import Tensor
 
@@ -79,16 +79,20 @@ def test_im2col_col2im_match_naive(rng, geom, dtype):
 
 
 @pytest.mark.parametrize("geom", GEOMETRY, ids=[str(i) for i in range(len(GEOMETRY))])
-def test_gpu_tap_path_matches_kernels(rng, geom):
-    # the xp path the GPU runs, executed with NumPy, against the Numba kernels
+def test_gpu_kernel_twins_match_naive(rng, geom):
+    # the NumPy twins of the GPU im2col/col2im kernels (what the CuPy stand-in runs) against
+    # the naive loops
     shape, k, s, p, d = geom
     x = rng.standard_normal(shape)
     ref = naive_im2col(x, k, s, p, d)
+    ho, wo = ref.shape[4:]
     col = np.empty_like(ref)
-    conv._im2col_taps(x, k, s, p, d, col)
+    geo = (*shape, *k, *s, *p, *d, ho, wo)
+    gpu_kernels.im2col((1,), (1,), x, col, *geo)
     np.testing.assert_array_equal(col, ref)
-    np.testing.assert_allclose(conv._col2im_taps(ref, shape, k, s, p, d),
-                               naive_col2im(ref, shape, s, p, d), atol=1e-12)
+    gx = np.full(shape, np.nan)
+    gpu_kernels.col2im((1,), (1,), ref, gx, *geo)
+    np.testing.assert_allclose(gx, naive_col2im(ref, shape, s, p, d), atol=1e-12)
 
 
 def test_layout_copies_match_numpy(rng):

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from pocket.train import backend
 from pocket.train import functional as F
 from pocket.train.memory import get_tracker
 from pocket.train.tensor import Tensor, no_grad
@@ -10,14 +11,14 @@ def test_smoke_backward_of_a_polynomial(xp):
     x = Tensor(xp.asarray([1.0, -2.0, 3.0]), requires_grad=True)
     y = (x * x * 3.0 + x * 2.0 - 1.0).sum()
     y.backward()
-    np.testing.assert_allclose(x.grad, xp.asarray([8.0, -10.0, 20.0]))
+    np.testing.assert_allclose(backend.to_numpy(x.grad), [8.0, -10.0, 20.0])
 
 
 def test_gradients_accumulate_with_plus_equals(xp):
     x = Tensor(xp.asarray([2.0]), requires_grad=True)
     (x * 3.0).sum().backward()
     (x * x).sum().backward()
-    np.testing.assert_allclose(x.grad, xp.asarray([3.0 + 4.0]))
+    np.testing.assert_allclose(backend.to_numpy(x.grad), [3.0 + 4.0])
 
 
 def test_diamond_graph_sums_both_paths(xp):
@@ -27,7 +28,7 @@ def test_diamond_graph_sums_both_paths(xp):
     c = a.exp()
     (b + c).sum().backward()
     av = 2 * np.array([1.5, -0.5])
-    np.testing.assert_allclose(x.grad, xp.asarray((2 * av + np.exp(av)) * 2))
+    np.testing.assert_allclose(backend.to_numpy(x.grad), (2 * av + np.exp(av)) * 2)
 
 
 def test_deep_chain_does_not_recurse(xp):
@@ -36,7 +37,7 @@ def test_deep_chain_does_not_recurse(xp):
     for _ in range(5000):
         y = y * 1.0
     y.sum().backward()
-    np.testing.assert_allclose(x.grad, xp.asarray([1.0]))
+    np.testing.assert_allclose(backend.to_numpy(x.grad), [1.0])
 
 
 def test_broadcast_gradients_reduce_to_input_shape(xp):
@@ -72,7 +73,7 @@ def test_retain_graph_allows_a_second_backward(xp):
     y = (x * x).sum()
     y.backward(retain_graph=True)
     y.backward()
-    np.testing.assert_allclose(x.grad, xp.asarray([12.0]))
+    np.testing.assert_allclose(backend.to_numpy(x.grad), [12.0])
 
 
 def test_float32_is_kept_through_scalar_ops(xp):
