@@ -157,7 +157,9 @@ def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, 
     """
     from pocket.export.app import export as run_export
     from pocket.export.app import render
+    from pocket.formats.sniff import check_file
 
+    check_file(ckpt, "checkpoint")
     report = run_export(ckpt, output, fmt=fmt, int8=int8, calib_samples=calib_samples,
                         calib_path=calib_path, max_layer_error=max_layer_error)
     emit(report, as_json, render)
@@ -180,7 +182,10 @@ def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, 
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @handle_errors
 def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, as_json):
-    """Run MODEL (.bin) on INPUT files: .npy/.npz arrays, images or folders of them, CSV rows.
+    """Run MODEL (.bin) on INPUT files: .npy/.npz arrays, images or folders of them, CSV rows,
+    or - for standard input (any of those, told apart by content).
+
+    Without INPUT, --warmup and --bench run on a synthetic sample of the model's shape.
 
     A short run answers from the NumPy reference interpreter while it is quicker than starting
     Numba (about 0.4 s on a desktop, more on a Pi); after 0.25 s of such calls, or for a batch
@@ -219,7 +224,11 @@ def compare(ckpt, bin_path, onnx_path, data, inputs_path, random_n, limit, atol,
     """Prove the exports compute what the training model computes; exit 1 when a gate fails."""
     from pocket.compare import compare as run_compare
     from pocket.compare import render
+    from pocket.formats.sniff import check_file
 
+    check_file(ckpt, "checkpoint")
+    if bin_path:
+        check_file(bin_path, "model file")
     if not bin_path and not onnx_path:
         raise click.UsageError("give --bin and/or --onnx to compare against the checkpoint")
     if sum(x is not None for x in (data, inputs_path, random_n)) > 1:
@@ -239,7 +248,9 @@ def compare(ckpt, bin_path, onnx_path, data, inputs_path, random_n, limit, atol,
 def inspect(file, as_json):
     """Show a .bin or .ckpt: header, graph, tensors, metadata. Checks every byte."""
     from pocket.formats.describe import describe, render
+    from pocket.formats.sniff import check_file
 
+    check_file(file)
     emit(describe(file), as_json, render)
 
 

@@ -1,8 +1,12 @@
 """pocket.infer: the edge engine. NumPy + Numba only (no ONNX, no trainer, no CuPy).
 
-    from pocket.infer import Engine
-    with Engine("model.bin") as eng:
-        logits = eng.run(x)          # x (N, *eng.input_shape)
+    import pocket.infer as pi
+    model = pi.load("model.bin")                 # -> Model (pocket/infer/api.py)
+    pred = model.predict(model.preprocess(raw))  # labels, probs, raw outputs
+    y = model.run(x)                             # a new array each call (or out=)
+
+    with pi.Engine("model.bin") as eng:          # the engine itself, zero-copy:
+        logits = eng.run(x)                      # a view the next call overwrites
 """
 
 import os
@@ -36,6 +40,7 @@ def _import_numba_math() -> None:
             del sys.modules[blocked]
 
 
+from pocket.infer.api import Model, Prediction, load  # noqa: E402
 from pocket.infer.engine import Engine, EngineError  # noqa: E402
 
-__all__ = ["Engine", "EngineError"]
+__all__ = ["Engine", "EngineError", "Model", "Prediction", "load"]

@@ -53,7 +53,7 @@ def test_image_preprocessing(classifier, tmp_path):
     pil.fromarray(np.stack([pixels] * 3, -1)).resize((56, 40)).save(tmp_path / "b.png")
     batches = load_inputs([str(tmp_path / "a.png")], (1, 28, 28), g.metadata["preprocessing"])
     want = ((pixels / 255.0 * 1.0 - 0.5) / 0.25).astype(np.float32)
-    np.testing.assert_allclose(batches[0][1][0, 0], want, rtol=1e-6)
+    np.testing.assert_allclose(batches[0].x[0, 0], want, rtol=1e-6)
     res = app.infer(str(path), [str(tmp_path)])
     assert [r["name"] for r in res["results"]] == [str(tmp_path / "a.png"), str(tmp_path / "b.png")]
 
