@@ -254,5 +254,26 @@ def inspect(file, as_json):
     emit(describe(file), as_json, render)
 
 
+@main.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (fields: README).")
+@handle_errors
+def doctor(model, as_json):
+    """Say what this machine offers pocket: CPU features and the engine routes they give, the
+    Numba cache, installed extras, CuPy/CUDA and each GPU; with MODEL, whether it runs here.
+    Exit 1 when MODEL will not run here."""
+    from pocket.doctor import doctor as run_doctor
+    from pocket.doctor import render
+
+    if model is not None:
+        from pocket.formats.sniff import check_file
+
+        check_file(model, "model file")
+    result = run_doctor(model)
+    emit(result, as_json, render)
+    if result["model"] is not None and not result["model"]["runs_here"]:
+        sys.exit(EXIT_CHECK_FAILED)
+
+
 if __name__ == "__main__":
     main()

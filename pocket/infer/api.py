@@ -3,7 +3,8 @@
     import pocket.infer as pi
 
     model = pi.load("model.int8.bin")           # mmap, validate, plan (compiles or loads kernels)
-    x = model.preprocess(raw)                   # raw digits 0..16, uint8 pixels, a PNG path...
+    x = model.preprocess(raw)                   # raw digits 0..16, a PNG path, a PIL image...
+    x = model.preprocess(img, pixels=True)      # or 0..255 pixels, whatever the data's range
     pred = model.predict(x)                     # one sample (C, H, W) or a batch (N, C, H, W)
     pred.labels[0], pred.probs[0].max()         # '7', 0.98
     y = model.run(x)                            # raw outputs: a new array each call
@@ -105,7 +106,7 @@ class Model:
 
     # ---- preprocessing
 
-    def preprocess(self, x) -> np.ndarray:
+    def preprocess(self, x, *, pixels: bool = False) -> np.ndarray:
         """Raw data -> model-ready float32, with the preprocessing stored in the model.
 
         - a path (str or Path) to an image, a CSV, an .npy/.npz or a folder: read as
@@ -113,8 +114,9 @@ class Model:
         - a PIL image -> one sample;
         - image models, a NumPy array of one sample (C, H, W) or a batch (N, C, H, W); grey
           models also take (H, W), (N, H, W) and flat (H*W,) / (N, H*W) rows (scikit-learn's
-          digits). uint8 arrays are 0..255 pixels, as decoded from an image file; any other
-          dtype is in the training data's own units, 0..pixel_max (0..16 for the digits set);
+          digits). Values are in the training data's own units, 0..pixel_max (0..16 for the
+          digits set, 0..255 for MNIST and CIFAR-10), or with pixels=True 0..255 image
+          pixels (as decoded from an image file) whatever the training data's range was;
         - table models, raw feature values (F,) or (N, F) in the model's column order, or a
           dict {column: value or values} by name.
         One sample in gives one sample out; a batch gives a batch."""
@@ -134,12 +136,14 @@ class Model:
         if a.dtype.kind not in "biuf":
             raise InputError(f"preprocess() takes numbers, got an array of {a.dtype}")
         if len(shape) == 1:
+            if pixels:
+                raise InputError("pixels=True is for image models; this one takes table rows")
             if a.ndim not in (1, 2) or a.shape[-1] != shape[0]:
                 raise InputError(f"the model takes {shape[0]} features: give (F,) or (N, F), "
                                  f"got {a.shape}")
             return normalize_columns(a, pre)
         one, batch = self._image_layout(a)
-        if a.dtype == np.uint8:
+        if pixels:
             out = normalize_pixels(batch.astype(np.float64), pre)
         else:
             out = normalize_raw(batch, pre)
