@@ -170,7 +170,8 @@ def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, 
 @click.argument("inputs", nargs=-1)
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Largest batch the engine plans its memory for.")
+              help="Largest batch the engine plans its memory for; a folder's images run in "
+                   "batches of this size.")
 @click.option("--top-k", type=click.IntRange(min=1), default=1, show_default=True,
               help="Classes to show per input.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="OUT.npy",
@@ -179,9 +180,11 @@ def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, 
               help="Time N runs and report the median latency.")
 @click.option("--warmup", is_flag=True,
               help="Compile every kernel now (into NUMBA_CACHE_DIR) so later starts are fast.")
+@click.option("--sep", metavar="CHAR",
+              help="CSV separator (default: the most frequent of , ; and tab in the header).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @handle_errors
-def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, as_json):
+def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, sep, as_json):
     """Run MODEL (.bin) on INPUT files: .npy/.npz arrays, images or folders of them, CSV rows,
     or - for standard input (any of those, told apart by content).
 
@@ -198,7 +201,7 @@ def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, as_j
     if not inputs and not warmup and not bench:
         raise click.UsageError("give at least one INPUT (or --warmup / --bench)")
     result = run_infer(model, list(inputs), threads=threads, batch_size=batch_size, top_k=top_k,
-                       output=output, bench=bench, warmup=warmup)
+                       output=output, bench=bench, warmup=warmup, sep=sep)
     emit(result, as_json, render)
 
 

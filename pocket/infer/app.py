@@ -41,7 +41,7 @@ def synthetic_input(model: Model, n: int = 1) -> np.ndarray:
 
 def infer(model_path: str, inputs: list[str], *, threads: int | None = None,
           batch_size: int | None = None, top_k: int = 1, output: str | None = None,
-          bench: int = 0, warmup: bool = False, stdin=None) -> dict:
+          bench: int = 0, warmup: bool = False, stdin=None, sep: str | None = None) -> dict:
     """Run `model_path` on every input; see the module docstring. Raises PocketError subclasses.
 
     Without inputs, --warmup and --bench run on a synthetic batch of one sample."""
@@ -62,7 +62,7 @@ def infer(model_path: str, inputs: list[str], *, threads: int | None = None,
             eng.warmup()
         warmup_s = time.perf_counter() - t0
         batches = load_inputs(inputs, eng.input_shape, eng.preprocessing, batch_size=batch_size,
-                              stdin=stdin)
+                              stdin=stdin, sep=sep)
         results, raw = [], []
         for batch in batches:
             y = eng.run(batch.x, copy=True)

@@ -62,16 +62,18 @@ def _rows(name: str, x: np.ndarray) -> Batch:
 
 
 def load_inputs(paths: list[str], input_shape: tuple[int, ...], preprocessing: dict | None = None,
-                *, batch_size: int | None = None, stdin=None) -> list[Batch]:
+                *, batch_size: int | None = None, stdin=None, sep: str | None = None
+                ) -> list[Batch]:
     """paths -> one Batch per array file, image, CSV or `batch_size` images of a folder.
 
-    `stdin` is the binary stream `-` reads (sys.stdin.buffer by default)."""
+    `stdin` is the binary stream `-` reads (sys.stdin.buffer by default); `sep` the CSV
+    separator (default: sniffed)."""
     pre = preprocessing or {}
     step = batch_size or DEFAULT_BATCH
     out: list[Batch] = []
     for p in paths:
         if p == STDIN:
-            out += _load_stdin(stdin, input_shape, pre)
+            out += _load_stdin(stdin, input_shape, pre, sep)
             continue
         path = Path(p)
         kind = _kind(path)
@@ -90,7 +92,7 @@ def load_inputs(paths: list[str], input_shape: tuple[int, ...], preprocessing: d
         elif path.suffix.lower() == ".npz":
             out += [_rows(k, _as_batch(k, a, input_shape)) for k, a in read_npz(path, str(path))]
         elif path.suffix.lower() == ".csv":
-            out.append(_rows(str(path), load_csv(path, input_shape, pre)))
+            out.append(_rows(str(path), load_csv(path, input_shape, pre, sep=sep)))
         elif path.suffix.lower() in IMAGE_SUFFIXES:
             out.append(_rows(str(path), load_image(path, input_shape, pre)[None]))
         else:
@@ -114,7 +116,7 @@ def _kind(path: Path) -> str:
     return "file"
 
 
-def _load_stdin(stream, input_shape: tuple[int, ...], pre: dict) -> list[Batch]:
+def _load_stdin(stream, input_shape: tuple[int, ...], pre: dict, sep: str | None) -> list[Batch]:
     stream = stream if stream is not None else sys.stdin.buffer
     if getattr(stream, "isatty", lambda: False)():
         raise InputError("input '-' reads standard input, which is a terminal; pipe a file in: "
@@ -136,7 +138,7 @@ def _load_stdin(stream, input_shape: tuple[int, ...], pre: dict) -> list[Batch]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError("standard input is neither .npy, .npz, an image nor UTF-8 CSV text") from None
-    return [_rows(name, load_csv(text, input_shape, pre, name=name))]
+    return [_rows(name, load_csv(text, input_shape, pre, name=name, sep=sep))]
 
 
 def _as_batch(name: str, a: np.ndarray, input_shape: tuple[int, ...]) -> np.ndarray:
@@ -285,15 +287,15 @@ def decode_image(source, c: int, h: int, w: int, name: str):
         with warnings.catch_warnings():
             # NOTE: Pillow only warns between its pixel limit and twice that; one rule for both
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            im = source if isinstance(source, Image.Image) else Image.open(source)
+            opened = None if isinstance(source, Image.Image) else Image.open(source)
             try:
-                im = im.convert("L" if c == 1 else "RGB")
+                im = (opened or source).convert("L" if c == 1 else "RGB")
                 if im.size != (w, h):
                     im = im.resize((w, h), Image.Resampling.BILINEAR)
                 pixels = np.asarray(im, np.float64)
             finally:
-                if im is not source:
-                    im.close()
+                if opened is not None:
+                    opened.close()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise InputError(f"image '{name}' is too large for Pillow's pixel limit ({e}); scale it "
                          "down first") from None
@@ -310,8 +312,8 @@ def load_image(source, input_shape: tuple[int, ...], pre: dict, *, name: str | N
     return normalize_pixels(decode_image(source, c, h, w, name), pre)
 
 
-def load_csv(source, input_shape: tuple[int, ...], pre: dict, *, name: str | None = None
-             ) -> np.ndarray:
+def load_csv(source, input_shape: tuple[int, ...], pre: dict, *, name: str | None = None,
+             sep: str | None = None) -> np.ndarray:
     """A CSV (path or text) with a header row -> (N, F) float32 from the model's columns."""
     name = name or str(source)
     columns = pre.get("columns")
@@ -324,8 +326,8 @@ def load_csv(source, input_shape: tuple[int, ...], pre: dict, *, name: str | Non
         raise InputError(f"preprocessing.columns names {len(columns)} columns but the model "
                          f"takes {input_shape[0]} features")
     try:
-        table = (csvio.read_table(source, name=name) if isinstance(source, Path)
-                 else csvio.read_text(source, name=name))
+        table = (csvio.read_table(source, name=name, delimiter=sep) if isinstance(source, Path)
+                 else csvio.read_text(source, name=name, delimiter=sep))
     except csvio.CsvError as e:
         raise InputError(str(e)) from None
     if not table.rows:

@@ -152,6 +152,14 @@ def test_stdin_csv_and_the_dialects_training_reads(tmp_path):
         assert [r["values"][0] for r in res["results"]] == pytest.approx(want, rel=1e-5), text
         res = app.infer(str(path), ["-"], stdin=io.BytesIO(text.encode()))
         assert [r["values"][0] for r in res["results"]] == pytest.approx(want, rel=1e-5), text
+    # a declared separator beats sniffing: '|' is not one of the sniffed three
+    (tmp_path / "pipe.csv").write_text("a|b\n1|2\n3|4\n")
+    res = app.infer(str(path), [str(tmp_path / "pipe.csv")], sep="|")
+    assert [r["values"][0] for r in res["results"]] == pytest.approx(want, rel=1e-5)
+    with pytest.raises(InputError, match="no column"):
+        app.infer(str(path), [str(tmp_path / "pipe.csv")])
+    with pytest.raises(InputError, match="one character"):
+        app.infer(str(path), [str(tmp_path / "pipe.csv")], sep="||")
 
 
 def test_folders_run_in_batches(classifier, tmp_path, monkeypatch):
