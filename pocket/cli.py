@@ -199,7 +199,9 @@ def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, 
     """
     from pocket.export.app import export as run_export
     from pocket.export.app import render
+    from pocket.formats.sniff import check_file
 
+    check_file(ckpt, "checkpoint")
     report = run_export(ckpt, output, fmt=fmt, int8=int8, calib_samples=calib_samples,
                         calib_path=calib_path, max_layer_error=max_layer_error)
     emit(report, as_json, render)
@@ -210,7 +212,8 @@ def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, 
 @click.argument("inputs", nargs=-1)
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True,
-              help="Largest batch the engine plans its memory for.")
+              help="Largest batch the engine plans its memory for; a folder's images run in "
+                   "batches of this size.")
 @click.option("--top-k", type=click.IntRange(min=1), default=1, show_default=True,
               help="Classes to show per input.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="OUT.npy",
@@ -219,10 +222,15 @@ def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, 
               help="Time N runs and report the median latency.")
 @click.option("--warmup", is_flag=True,
               help="Compile every kernel now (into NUMBA_CACHE_DIR) so later starts are fast.")
+@click.option("--sep", metavar="CHAR",
+              help="CSV separator (default: the most frequent of , ; and tab in the header).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @handle_errors
-def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, as_json):
-    """Run MODEL (.bin) on INPUT files: .npy/.npz arrays, images or folders of them, CSV rows.
+def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, sep, as_json):
+    """Run MODEL (.bin) on INPUT files: .npy/.npz arrays, images or folders of them, CSV rows,
+    or - for standard input (any of those, told apart by content).
+
+    Without INPUT, --warmup and --bench run on a synthetic sample of the model's shape.
 
     A short run answers from the NumPy reference interpreter while it is quicker than starting
     Numba (about 0.4 s on a desktop, more on a Pi); after 0.25 s of such calls, or for a batch
@@ -235,7 +243,7 @@ def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, as_j
     if not inputs and not warmup and not bench:
         raise click.UsageError("give at least one INPUT (or --warmup / --bench)")
     result = run_infer(model, list(inputs), threads=threads, batch_size=batch_size, top_k=top_k,
-                       output=output, bench=bench, warmup=warmup)
+                       output=output, bench=bench, warmup=warmup, sep=sep)
     emit(result, as_json, render)
 
 
@@ -261,7 +269,11 @@ def compare(ckpt, bin_path, onnx_path, data, inputs_path, random_n, limit, atol,
     """Prove the exports compute what the training model computes; exit 1 when a gate fails."""
     from pocket.compare import compare as run_compare
     from pocket.compare import render
+    from pocket.formats.sniff import check_file
 
+    check_file(ckpt, "checkpoint")
+    if bin_path:
+        check_file(bin_path, "model file")
     if not bin_path and not onnx_path:
         raise click.UsageError("give --bin and/or --onnx to compare against the checkpoint")
     if sum(x is not None for x in (data, inputs_path, random_n)) > 1:
@@ -285,6 +297,9 @@ def inspect(file, routes, as_json):
 
     With --routes (a model .bin): per conv2d/linear layer, the geometry that decided, the route
     the engine takes on this machine (POCKET_ROUTE forces one) and its scratch bytes."""
+    from pocket.formats.sniff import check_file
+
+    check_file(file)
     if routes:
         from pocket.infer.engine import Engine
         from pocket.infer.plan import Cpu
@@ -314,6 +329,27 @@ def _render_routes(r: dict) -> str:
         lines.append(f"  {row['node']:<16} {row['op']:<7} {row['dtype']:<4} {geo:<44} "
                      f"{row['route']}{small}  scratch {row['scratch_bytes']} B")
     return "\n".join(lines)
+
+
+@main.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (fields: README).")
+@handle_errors
+def doctor(model, as_json):
+    """Say what this machine offers pocket: CPU features and the engine routes they give, the
+    Numba cache, installed extras, CuPy/CUDA and each GPU; with MODEL, whether it runs here.
+    Exit 1 when MODEL will not run here."""
+    from pocket.doctor import doctor as run_doctor
+    from pocket.doctor import render
+
+    if model is not None:
+        from pocket.formats.sniff import check_file
+
+        check_file(model, "model file")
+    result = run_doctor(model)
+    emit(result, as_json, render)
+    if result["model"] is not None and not result["model"]["runs_here"]:
+        sys.exit(EXIT_CHECK_FAILED)
 
 
 if __name__ == "__main__":

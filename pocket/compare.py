@@ -136,12 +136,17 @@ def _inputs(ck: dict, data: str | None, inputs_path: str | None, random_n: int |
             limit: int | None) -> tuple[np.ndarray, np.ndarray | None, str]:
     shape = tuple(ck["meta"].get("dataset", {}).get("input_shape") or ())
     if inputs_path:
-        try:
-            x = np.load(inputs_path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise CompareError(f"{inputs_path}: not a readable .npy array ({e})") from None
-        if isinstance(x, np.lib.npyio.NpzFile):
-            raise CompareError(f"{inputs_path}: give a .npy array, not an .npz archive")
+        from pocket.formats.sniff import check_file
+        from pocket.infer.inputs import read_npy
+
+        check_file(inputs_path, "inputs file")
+        with open(inputs_path, "rb") as f:
+            if f.read(2) == b"PK":
+                raise CompareError(f"{inputs_path}: give a .npy array, not an .npz archive")
+            f.seek(0)
+            x = read_npy(f, inputs_path)
+        if x.dtype.kind not in "biuf":
+            raise CompareError(f"{inputs_path}: holds {x.dtype} values; expected real numbers")
         x = np.asarray(x, np.float32)
         if x.shape == shape:
             x = x[None]
@@ -172,7 +177,10 @@ def _inputs(ck: dict, data: str | None, inputs_path: str | None, random_n: int |
         x = x[:limit]
         y = None if y is None else y[:limit]
     if len(x) == 0:
-        raise CompareError("no inputs to compare")
+        if not inputs_path and not random_n:
+            raise CompareError(f"{source} holds no samples (the checkpoint was trained with "
+                               "test_fraction = 0?); pass --inputs X.npy, --random N or --data SRC")
+        raise CompareError(f"{source}: no inputs to compare")
     return np.ascontiguousarray(x, np.float32), y, source
 
 

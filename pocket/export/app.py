@@ -150,14 +150,26 @@ def _check_supported(graph: Graph) -> None:
 
 
 def _load_npz(path) -> np.ndarray:
+    import zipfile
+
+    from pocket.formats.sniff import check_file
+
+    check_file(path, "calibration file")
+    if not zipfile.is_zipfile(path):
+        raise ExportError(f"{path}: not an .npz archive; save the calibration inputs with "
+                          "np.savez(path, x=x)")
     try:
         with np.load(path, allow_pickle=False) as z:
             if "x" not in z.files:
                 raise ExportError(f"{path}: no array named 'x' (found: {', '.join(z.files) or 'none'})")
-            return np.array(z["x"])
-    except (OSError, ValueError) as e:
+            x = np.array(z["x"])
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise ExportError(f"{path}: cannot read calibration arrays ({e}); expected an .npz "
                           "with an array `x`") from None
+    if x.dtype.kind not in "biuf":
+        raise ExportError(f"{path}: array 'x' holds {x.dtype} values; calibration needs the "
+                          "model's preprocessed float inputs")
+    return x
 
 
 def _check_calib(graph: Graph, x: np.ndarray, samples: int | None) -> np.ndarray:

@@ -1,8 +1,13 @@
 """pocket.infer: the edge engine. NumPy + Numba only (no ONNX, no trainer, no CuPy).
 
-    from pocket.infer import Engine
-    with Engine("model.bin") as eng:
-        logits = eng.run(x)          # x (N, *eng.input_shape)
+    import pocket.infer as pi
+    model = pi.load("model.bin")                 # -> Model (pocket/infer/api.py)
+    pred = model.predict(model.preprocess(raw))  # labels, probs, raw outputs
+    y = model.run(x)                             # a new array each call (or out=)
+
+    with pi.Engine("model.bin") as eng:          # the engine itself, zero-copy:
+        logits = eng.run(x)                      # x (N, *eng.input_shape); a view the
+                                                 # next call overwrites
 
 What lives where, and how an op flows from IR to kernel: `engine.py` (Engine) reads the
 container, validates the graph and plans once: it builds the `plan.py` PlanContext (weights,
@@ -30,6 +35,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+from pocket.infer.api import Model, Prediction, load  # noqa: E402
 from pocket.infer.engine import Engine, EngineError  # noqa: E402
 
-__all__ = ["Engine", "EngineError"]
+__all__ = ["Engine", "EngineError", "Model", "Prediction", "load"]

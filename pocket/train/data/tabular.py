@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import zipfile
 
 import numpy as np
 
+from pocket.formats import csvio
 from pocket.train.data.sources import DataError, Raw, check_finite, encode_classes
 
 MISSING = {"", "nan", "na", "n/a", "null", "none", "?"}
@@ -17,31 +17,14 @@ MISSING = {"", "nan", "na", "n/a", "null", "none", "?"}
 MAX_GUESSED_CLASSES = 20
 
 
-def _delimiter(header_line: str) -> str:
-    counts = {d: header_line.count(d) for d in (",", ";", "\t")}
-    return max(counts, key=counts.get) if any(counts.values()) else ","
-
-
 def read_csv(path: str, *, target: str | None, task: str | None) -> Raw:
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            first = f.readline()
-            f.seek(0)
-            reader = csv.reader(f, delimiter=_delimiter(first))
-            header = next(reader, None)
-            rows, lines = [], []
-            for row in reader:
-                if not row or all(not c.strip() for c in row):
-                    continue
-                rows.append(row)
-                lines.append(reader.line_num)
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise DataError(f"{path}: cannot read as UTF-8 CSV ({e})") from None
+        table = csvio.read_table(path)
+    except csvio.CsvError as e:
+        raise DataError(str(e)) from None
+    header, rows, lines = table.header, table.rows, table.lines
     if not header:
         raise DataError(f"{path}: empty file; a CSV needs a header row and data rows")
-    header = [h.strip() for h in header]
     dupes = sorted({h for h in header if header.count(h) > 1})
     if dupes:
         raise DataError(f"{path}: duplicate column names {dupes}; give every column a unique name")
