@@ -121,9 +121,9 @@ def _conv_strategy(st, draw, dtype: str, wino: bool, pitch: bool = False) -> dic
             "activation": draw(st.sampled_from(acts))}
 
 
-def _pool_strategy(st, draw, h: int, w: int, fusable: bool) -> dict | None:
-    """A maxpool2d that fits an (h, w) map (None where none does): unpadded (what a conv's
-    epilogue fuses) or padded."""
+def _pool_strategy(st, draw, h: int, w: int, fusable: bool) -> dict:
+    """A maxpool2d that fits an (h, w) map: unpadded (what a conv's epilogue may fuse; often
+    2x2/2, the pooled epilogues' own case) or padded."""
     kh, kw = draw(st.integers(1, min(3, h))), draw(st.integers(1, min(3, w)))
     pad = [0, 0] if fusable else [draw(st.integers(0, kh // 2)), draw(st.integers(0, kw // 2))]
     stride = draw(st.sampled_from([None, [1, 1], [2, 2], [kh, kw], [1, 2]]))
