@@ -234,13 +234,44 @@ def compare(ckpt, bin_path, onnx_path, data, inputs_path, random_n, limit, atol,
 
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--routes", "routes", is_flag=True,
+              help="Plan the model and show each conv/linear's engine route on this machine.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @handle_errors
-def inspect(file, as_json):
-    """Show a .bin or .ckpt: header, graph, tensors, metadata. Checks every byte."""
+def inspect(file, routes, as_json):
+    """Show a .bin or .ckpt: header, graph, tensors, metadata. Checks every byte.
+
+    With --routes (a model .bin): per conv2d/linear layer, the geometry that decided, the route
+    the engine takes on this machine (POCKET_ROUTE forces one) and its scratch bytes."""
+    if routes:
+        from pocket.infer.engine import Engine
+        from pocket.infer.plan import Cpu
+
+        with Engine(file) as eng:
+            result = {"file": str(file), "max_batch": eng.max_batch, "cpu": vars(Cpu.host()),
+                      "routes": eng.routes()}
+        emit(result, as_json, _render_routes)
+        return
     from pocket.formats.describe import describe, render
 
     emit(describe(file), as_json, render)
+
+
+def _render_routes(r: dict) -> str:
+    cpu = ", ".join(k for k, on in r["cpu"].items() if on) or "portable kernels"
+    lines = [f"{r['file']}: routes at max_batch {r['max_batch']} on this CPU ({cpu})"]
+    for row in r["routes"]:
+        g = row["geometry"]
+        if row["op"] == "conv2d":
+            geo = (f"{'x'.join(map(str, g['input']))} -> {'x'.join(map(str, g['output']))} "
+                   f"k{'x'.join(map(str, g['kernel']))} s{'x'.join(map(str, g['stride']))} "
+                   f"p{'x'.join(map(str, g['padding']))} d{'x'.join(map(str, g['dilation']))} g{g['groups']}")
+        else:
+            geo = f"{g['rows']} rows, {g['k']} -> {g['o']}"
+        small = f" (batch 1: {row['batch_1']})" if "batch_1" in row else ""
+        lines.append(f"  {row['node']:<16} {row['op']:<7} {row['dtype']:<4} {geo:<44} "
+                     f"{row['route']}{small}  scratch {row['scratch_bytes']} B")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

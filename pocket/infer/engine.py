@@ -21,13 +21,18 @@ validates the graph, rejects every unsupported op in one error, and plans:
 - plan-level fusion: a conv2d whose only reader is an unpadded maxpool2d (and whose
   activation is non-decreasing) writes the pooled output from its epilogue, and a linear whose
   only reader is a linear on the same GEMM route leaves its result in that one's packed
-  layout (lowering.chained_linears); the IR is unchanged;
+  layout (routes/linear_chain.py); the IR is unchanged;
 - int8 conv2d (groups 1) and linear on a CPU with AVX-512 VNNI run the int8 GEMMs of
   kernels_vnni (64 int8 multiply-adds per instruction); elsewhere, those with enough rows run
   as exact float32 BLAS GEMMs on the int8 codes, the float32 copies of weights and inputs
   living in the node's scratch for that call only, so arena_bytes counts them and the mmapped
   int8 weights stay the only lasting copy (so do kernels_vnni's reordered conv weights);
-  lowering.py and lowering_conv.py hold each op's choices;
+  lowering.py dispatches each op; a conv2d or linear takes the first route of routes/'s
+  ordered table that is eligible for its geometry, dtype and CPU (`Engine.routes()` and
+  `pocket inspect --routes` list them). `POCKET_ROUTE=<name>[,<name>...]` forces routes (for
+  tests, benchmarks, bug reports): a node takes the first named route of its op that can run
+  it; an unknown name, or a node of that op none of the named routes can run, is an
+  EngineError naming the node, the route and why;
 - for each batch size seen, the bound calls (kernels with their views) are built once and
   cached, so `run()` after the first call of a batch size allocates no arrays; calls with
   little work (batch 1, small layers) run on the calling thread alone (see _PARALLEL_WORK).
@@ -57,9 +62,11 @@ from typing import Any
 
 import numpy as np
 
-from pocket.errors import PocketError
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Graph, ValueInfo
+from pocket.infer.plan import ALIGN, Cpu, EngineError, PlanContext, import_numba_math
+from pocket.infer.plan import NP_DTYPES as _NP
+from pocket.infer.plan import Region as _Buffer
 
 # NOTE: the kernels (and with them Numba, ~0.4 s to import and set up) are imported when the
 # engine first plans, not here: an engine that interprets first may answer without them.
@@ -68,15 +75,7 @@ SUPPORTED_OPS = frozenset({
     "avgpool2d", "global_avgpool", "flatten", "reshape", "dropout", "add", "concat", "softmax",
     "quantize", "dequantize"})
 ALIAS_OPS = ("flatten", "reshape", "dropout")  # views of their input: no kernel, no buffer
-ALIGN = 64
-
-
-class EngineError(PocketError):
-    """The model or the input cannot be run by this engine; the message says why."""
-
-
-_NP = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8, "i32": np.int32,
-       "i64": np.int64}
+__all__ = ["ALIGN", "ALIAS_OPS", "SUPPORTED_OPS", "Engine", "EngineError"]
 # A call with less work than this (multiply-adds for a GEMM, 16 per element written for a
 # kernel) runs on the calling thread: below it a thread pool's wake-up and barrier cost more
 # than the work they share (batch 1, small layers). 1 << 22 left the 4x4 and 8x8 layers of
@@ -93,16 +92,6 @@ _SPIN_ELEMENT_WORK = 64
 # taken this long in all, then plans and switches to the kernels for good.
 _INTERPRET_SECONDS = 0.25
 _INTERPRET_ROWS = 8  # a bigger batch plans at once: the naive interpreter could take seconds
-
-
-@dataclass
-class _Buffer:
-    """A region of the arena: one root value (plus its aliases) or one node's scratch."""
-
-    nbytes: int  # at max_batch
-    first: int  # step that writes it (-1: graph input)
-    last: int  # last step that reads it
-    offset: int = 0
 
 
 @dataclass
@@ -167,24 +156,26 @@ class Engine:
         self._interpret_left = _INTERPRET_SECONDS if interpret_first else 0.0
         self._quant: dict | None = None  # the weights' int8 scales, for the interpreter
         self._fast: tuple | None = None  # (input dtype, per-sample shape) once planned
+        self._ctx: PlanContext | None = None  # what the lowerings see of the plan (plan.py)
         if not interpret_first:
             self._plan()
 
     def _plan(self) -> None:
         """Import the kernels, prepare every node and lay out the arena (once)."""
-        from pocket.infer import _import_numba_math
-
-        _import_numba_math()
-        from pocket.infer.lowering import PREPARE, chained_linears, no_prep
-        from pocket.infer.lowering_conv import padded_pairs
+        import_numba_math()
+        from pocket.infer import routes
+        from pocket.infer.lowering import PREPARE, chained_linears, fusable_pools, no_prep, padded_pairs
 
         self._spinning = _spin_if_no_blas(self.graph)
+        ctx = self._ctx = PlanContext(
+            self.graph, self._params, self._sample, self._infos, self._container.quant, self.max_batch,
+            threads=1, cpu=Cpu.host(), forced=routes.forced_routes(), readers=self.readers(),
+            parallel=self._parallel)
         self._apply_threads()
-        self._prep = [PREPARE.get(n.op, no_prep)(self, n) for n in self.graph.nodes]
-        self._pool_after = self._fusable_pools()
-        self._chained = chained_linears(self)
-        self._pad_after = padded_pairs(self)
-        self._skip: set[int] = set()
+        ctx.prep = self._prep = [PREPARE.get(n.op, no_prep)(ctx, n) for n in self.graph.nodes]
+        ctx.pool_after = self._pool_after = fusable_pools(ctx)
+        ctx.chained = self._chained = chained_linears(ctx)
+        ctx.pad_after = self._pad_after = padded_pairs(ctx)
         self._plan_arena()
         self._planned, self._interpret_left = True, 0.0
         g = self.graph
@@ -232,6 +223,30 @@ class Engine:
             self._plan()
         return self._arena.nbytes
 
+    def routes(self) -> list[dict]:
+        """Each conv2d and linear node's route on this machine (plans first), in graph order:
+        {"node", "op", "dtype" ("f32"/"i8"), "geometry" (what its eligibility read), "route",
+        "scratch_bytes" (its scratch in the arena at max_batch), "batch_1" (the route a batch
+        of one takes, where the route hands it to a sibling, else absent)}. See routes/."""
+        if not self._planned:
+            self._plan()
+        from pocket.infer.routes.base import dtype_of, geometry_of, route_at, route_of
+
+        rows = []
+        for step, (node, prep) in enumerate(zip(self.graph.nodes, self._prep)):
+            if "route" not in prep:
+                continue
+            route = route_of(prep)
+            row = {"node": node.name, "op": node.op, "dtype": dtype_of(node),
+                   "geometry": geometry_of(self._ctx, node).describe(), "route": route.name,
+                   "scratch_bytes": route.scratch_bytes(prep)}
+            one, at_1 = route_at(self._ctx, step, 1)
+            one = one.with_pool(self._ctx, step, at_1, 1, step in self._pool_after)[0]
+            if one is not route:
+                row["batch_1"] = one.name
+            rows.append(row)
+        return rows
+
     def weights(self) -> dict[str, np.ndarray]:
         """The arrays the kernels read, by param name (views of the container's mmap)."""
         return dict(self._params)
@@ -251,6 +266,8 @@ class Engine:
         if threads is not None:
             numba.set_num_threads(threads)
         self._threads = numba.get_num_threads()
+        if self._ctx is not None:
+            self._ctx.threads = self._threads
         self._bound = {}  # the plans' serial/parallel switches depend on the thread count
         blas = _blas_controllers() if self._threads > 1 else []
         for c in blas:
@@ -276,28 +293,6 @@ class Engine:
             for v in node.inputs:
                 readers.setdefault(v, []).append(step)
         return readers
-
-    def _fusable_pools(self) -> dict[int, int]:
-        """{conv step: maxpool step} where the conv's only reader is an unpadded maxpool and
-        its activation is non-decreasing: the conv's epilogue then writes the pooled output
-        directly (the IR keeps both nodes; a builder may still decline, e.g. a small batch)."""
-        from pocket.infer import kernels_fp32 as kf
-        from pocket.infer.lowering_common import POOL_FUSING_KINDS
-
-        readers = self.readers()
-        fused = {}
-        for step, node in enumerate(self.graph.nodes):
-            out, a = node.outputs[0], node.attrs
-            steps = readers.get(out, [])
-            if (node.op != "conv2d" or out in self.graph.outputs or len(steps) != 1
-                    or self._prep[step].get("kind") not in POOL_FUSING_KINDS):
-                continue
-            pool = self.graph.nodes[steps[0]]
-            act = kf.ACT[a.get("activation", "none")]
-            if (pool.op == "maxpool2d" and list(pool.attrs["padding"]) == [0, 0]
-                    and act in kf.MONOTONE_ACTS and a.get("alpha", 0.0) >= 0):
-                fused[step] = steps[0]
-        return fused
 
     def _plan_arena(self) -> None:
         g = self.graph
@@ -341,36 +336,11 @@ class Engine:
                 raise EngineError(f"output '{o}' is a param; this engine returns computed values")
             buffers[root[o]].last = len(g.nodes)
         total = _assign_offsets(list(buffers.values()))
-        raw = np.zeros(total + ALIGN, np.uint8)
-        start = (-raw.ctypes.data) % ALIGN
-        self._arena = raw[start:start + total]
-        self._root, self._buffers = root, buffers
+        self._arena = self._ctx.arena = _alloc_arena(total)
+        self._root, self._buffers = self._ctx.root, self._ctx.buffers = root, buffers
 
     def _view(self, v: str, n: int) -> np.ndarray:
-        if v in self._params:
-            return self._params[v]
-        shape = self._sample[v]
-        dtype = np.dtype(_NP[self._infos[v].dtype])
-        buf = self._buffers[self._root[v]]
-        count = n * math.prod(shape) * dtype.itemsize
-        return self._arena[buf.offset:buf.offset + count].view(dtype).reshape((n, *shape))
-
-    def _scratch(self, step: int, dtype, shape: tuple[int, ...], at: int = 0) -> np.ndarray:
-        """A view of `step`'s scratch, `at` bytes (a multiple of 64) into it."""
-        return self._region(f"#scratch{step}", dtype, shape, at)
-
-    def _packed(self, v: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
-        """Value v's buffer in another layout than (N, ...): a chained linear's result (see
-        lowering.chained_linears)."""
-        return self._region(self._root[v], dtype, shape)
-
-    def _region(self, key: str, dtype, shape: tuple[int, ...], at: int = 0) -> np.ndarray:
-        buf = self._buffers[key]
-        count = math.prod(shape) * np.dtype(dtype).itemsize
-        if at + count > buf.nbytes:
-            raise AssertionError(f"arena overflow in {key}")
-        start = buf.offset + at
-        return self._arena[start:start + count].view(dtype).reshape(shape)
+        return self._ctx.view(v, n)
 
     def _bind(self, n: int) -> _Bound:
         bound = self._bound.get(n)
@@ -380,13 +350,13 @@ class Engine:
             g = self.graph
             bound = _Bound({v: self._view(v, n) for v in g.inputs},
                            [self._view(o, n) for o in g.outputs])
-            self._skip = set()  # steps that an earlier builder fused away
+            skip = self._ctx.skip = set()  # steps that an earlier builder fused away
             in_serial = False
             steps = []  # the step of each call
             for step, node in enumerate(g.nodes):
-                if step in self._skip:
+                if step in skip:
                     continue
-                for call in BUILDERS[node.op](self, step, node, n):
+                for call in BUILDERS[node.op](self._ctx, step, node, n):
                     # NOTE: a fork/join of either pool costs microseconds to tens of them (far
                     # more on a loaded machine): a small call runs on the calling thread alone,
                     # a Numba kernel as its serial twin (see jit.py), a BLAS call with BLAS's
@@ -557,6 +527,7 @@ class Engine:
         self._bound.clear()
         self._params = {}
         self._prep = []
+        self._ctx = None  # (it holds views of the weights too: the mapping closes once they go)
         if self._owns:
             self._container.close()
 
@@ -565,6 +536,13 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _alloc_arena(nbytes: int) -> np.ndarray:
+    """The plan's arena: nbytes zeroed bytes starting at a multiple of ALIGN."""
+    raw = np.zeros(nbytes + ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start:start + nbytes]
 
 
 def _spin_if_no_blas(graph: Graph) -> bool:

@@ -392,7 +392,7 @@ def _pool_plane(d, row, wd, kh, kw, sh, sw, bo, act, alpha):
 
 
 # A GEMM run over the two halves of K (two cores, each on the rows of inputs its core
-# wrote; see lowering_conv.FMA_KSPLIT_COLS) leaves y (2*O, ...): image i's plane of channel o
+# wrote; see routes.conv_fma_cols.FMA_KSPLIT_COLS) leaves y (2*O, ...): image i's plane of channel o
 # at y[o, i*cb:] and y[O + o, i*cb:]. These sum the halves into the first (float32, as an add
 # would), then run bias_act / bias_act_pool's epilogue, one plane per step, on every core.
 # NOTE: as two serial calls (the add, then the epilogue) one core read all of the other

@@ -1,4 +1,4 @@
-"""What the op lowerings share (lowering.py, lowering_conv.py): scratch budgets, int8 constants,
+"""What the op lowerings and routes share (lowering*.py, routes/): scratch budgets, int8 constants,
 scratch sizes of the VNNI routes, activation codes."""
 
 from __future__ import annotations
@@ -15,13 +15,19 @@ from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_vnni as kv
+from pocket.infer.plan import ALIGN
 
 if TYPE_CHECKING:
-    from pocket.infer.engine import Engine
-
-from pocket.infer.engine import ALIGN
+    from pocket.infer.plan import PlanContext
 
 SCRATCH_BYTES = 8 << 20  # im2col + GEMM result per chunk: a few MiB, in cache, few GEMM calls
+# With AVX-512 (kernels_fma), an fp32 conv's GEMM result and inputs per chunk: small enough to
+# stay in L2 between the GEMM and its epilogue.
+FMA_SCRATCH_BYTES = 2 << 20
+# With AVX-512 VNNI, an int8 conv's packed inputs and int32 sums per chunk, per thread: the
+# sums stay in L2 for the epilogue (cnn_cifar int8 at batch 64, one thread: 50.9 ms at 8 MiB,
+# 48.5 at 1; two threads: 28.2 at 8 MiB, 28.6 at 2, 30.1 at 1, the calls too short to split)
+VNNI_SCRATCH_BYTES = 1 << 20
 # An int8 conv/linear with at least this many output rows (batch x pixels) per weight runs as
 # float32 BLAS GEMMs on the int8 codes (exact, see kernels_int8.requant_sum): BLAS sgemm is 3-4x
 # faster than a vectorized int8 dot in Numba, and converting the weights each call costs one
@@ -31,9 +37,6 @@ F32_ROUTE_ROWS = 16
 # than its columns: at 64 columns (256 bytes) apart, the transposing epilogue's 256 reads per
 # row fell in a few L1 sets (6x slower)
 _LINEAR_SKEW = 16
-# conv routes whose epilogue can write a following maxpool's output (int8: only on its float32
-# route, i.e. groups 1 and enough rows; the builders check)
-POOL_FUSING_KINDS = ("int8", "im2col", "gemm", "gemm_pitch", "vnni", "winograd", "fma_pitch", "fma_cols")
 
 
 _EMPTY_F32 = np.zeros(0, np.float32)
@@ -43,16 +46,16 @@ def _act_code(a: dict) -> int:
     return kf.ACT[a.get("activation", "none")]
 
 
-def _int8_consts(eng: Engine, node: Node, w: np.ndarray) -> dict:
+def _int8_consts(ctx: PlanContext, node: Node, w: np.ndarray) -> dict:
     a = node.attrs
-    qp = eng._container.quant(node.inputs[1])
+    qp = ctx.quant(node.inputs[1])
     o = w.shape[0]
     if qp is None or len(qp.get("scale", [])) != o or qp.get("axis", 0) not in (0, None):
         raise FormatError(f"node '{node.name}': int8 weight '{node.inputs[1]}' needs {o} "
                           "per-output-channel scales (axis 0) in the container")
     w_scale = np.asarray(qp["scale"], np.float32)
     wsum = ki.weight_sums(w.reshape(o, -1))
-    b = eng._params[node.inputs[2]] if len(node.inputs) > 2 else np.zeros(o, np.int32)
+    b = ctx.params[node.inputs[2]] if len(node.inputs) > 2 else np.zeros(o, np.int32)
     to_int8 = a.get("y_scale") is not None
     relu = a.get("activation", "none") == "relu"
     y_zp = a["y_zero_point"] if to_int8 else 0

@@ -363,13 +363,13 @@ def test_requant_sum_pool_one_chunk_matches_split(k, s):
 def test_fused_pool_with_batch_chunks(int8, monkeypatch, int8_route, fp32_route):
     """A fused conv writes the pool's output while later chunks still read the conv's input:
     the arena must keep them apart (a tiny scratch budget forces one image per chunk)."""
-    from pocket.infer import lowering_conv
+    from pocket.infer import lowering_common
 
     for budget in ("SCRATCH_BYTES", "FMA_SCRATCH_BYTES", "VNNI_SCRATCH_BYTES"):
-        monkeypatch.setattr(lowering_conv, budget, 256)
+        monkeypatch.setattr(lowering_common, budget, 256)
     pool = {"kernel": [2, 2], "padding": [0, 0]}
     # int8 with VNNI: the first conv reads its four-channel words in place (10 columns), the
-    # second packs them by pixel table (5 columns, see lowering_conv._prep_quad)
+    # second packs them by pixel table (5 columns, see routes.conv_vnni_quad)
     x = RNG.standard_normal((7, 4, 12, 10)).astype(np.float32)
     if int8:
         p1, q1 = _int8_conv_params(4, 8, 3, 3, 1, 0.05)
@@ -469,20 +469,21 @@ def test_conv2d_cols_writes_output(act, bias, n, fp32_route):
 @pytest.mark.parametrize("act", ["relu", "none", "gelu"])
 def test_conv2d_winograd(hw, pad, n, act, monkeypatch, fp32_route):
     """Even and odd output sizes (partial last tiles), paddings 0-2, batch chunks of one image."""
-    from pocket.infer import lowering_conv
+    from pocket.infer import lowering_common
+    from pocket.infer.routes import conv_winograd, conv_winograd_fused
 
-    monkeypatch.setattr(lowering_conv, "SCRATCH_BYTES", 1)  # one image a chunk
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_SCRATCH_BYTES", 1)  # ... fused too
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_CHUNK_TILES", 1)
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_TILES", 1)
-    c, o = lowering_conv.WINOGRAD_MIN_C, 5
+    monkeypatch.setattr(lowering_common, "SCRATCH_BYTES", 1)  # one image a chunk
+    monkeypatch.setattr(conv_winograd_fused, "WINOGRAD_SCRATCH_BYTES", 1)  # ... fused too
+    monkeypatch.setattr(conv_winograd_fused, "WINOGRAD_CHUNK_TILES", 1)
+    monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_TILES", 1)
+    c, o = conv_winograd.WINOGRAD_MIN_C, 5
     params = _conv_params(c, o, 3, 3, 1, bias=act != "none")
     x = RNG.standard_normal((n, c, *hw)).astype(np.float32)
     node = Node("conv", "conv2d", ["x", "w", "b"] if act != "none" else ["x", "w"], ["y"],
                 {"padding": pad, "activation": act})
     with Engine(FakeContainer(Graph({"x": ValueInfo("f32", ("N", c, *hw))}, ["y"], [node],
                                     {k: _info(v) for k, v in params.items()}), params), threads=2) as eng:
-        assert eng._prep[0]["kind"] == "winograd"
+        assert eng._prep[0]["route"] == {"fma": "conv_winograd_fused", "blas": "conv_winograd"}[fp32_route]
         eng.run(x)
         funcs = [getattr(getattr(f, "func", f), "__name__", "") for f in eng._bound[n].calls]
     # the fused conv (a thread's images in chunks) on AVX-512 with ReLU or none, 2+ images a thread
@@ -497,11 +498,11 @@ def test_conv2d_winograd(hw, pad, n, act, monkeypatch, fp32_route):
 def test_conv_maxpool_winograd(k, s, hw, monkeypatch, fp32_route):
     """A 2x2/2 pool fuses into the output transform (the max of each tile); other pools run
     after an unfused Winograd conv."""
-    from pocket.infer import lowering_conv
+    from pocket.infer.routes import conv_winograd, conv_winograd_fused
 
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_C", 4)
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_FUSED_MIN_C", 4)
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_TILES", 1)
+    monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(conv_winograd_fused, "WINOGRAD_FUSED_MIN_C", 4)
+    monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_TILES", 1)
     params = _conv_params(4, 6, 3, 3, 1)
     x = RNG.standard_normal((3, 4, *hw)).astype(np.float32)
     nodes = [Node("conv", "conv2d", ["x", "w", "b"], ["c"], {"padding": [1, 1], "activation": "relu"}),
@@ -512,14 +513,15 @@ def test_conv_maxpool_winograd(k, s, hw, monkeypatch, fp32_route):
 
 def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     """Winograd takes 3x3, stride 1, dilation 1, groups 1 and enough channels; nothing else."""
-    from pocket.infer import lowering_conv
+    from pocket.infer.routes import conv_winograd, conv_winograd_fused
 
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_C", 4)
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_FUSED_MIN_C", 4)
-    gemm = {"fma": "fma_cols", "blas": "gemm"}[fp32_route]
-    pointwise = {"fma": "fma_pitch", "blas": "pointwise"}[fp32_route]
-    for name, want in (("3x3-pad", "winograd"), ("dilation", gemm), ("1x1", pointwise),
-                       ("5x5-stride2", gemm), ("groups2", "im2col")):
+    monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(conv_winograd_fused, "WINOGRAD_FUSED_MIN_C", 4)
+    gemm = {"fma": "conv_fma_cols", "blas": "conv_gemm"}[fp32_route]
+    pointwise = {"fma": "conv_fma_pitch", "blas": "conv_pointwise"}[fp32_route]
+    winograd = {"fma": "conv_winograd_fused", "blas": "conv_winograd"}[fp32_route]
+    for name, want in (("3x3-pad", winograd), ("dilation", gemm), ("1x1", pointwise),
+                       ("5x5-stride2", gemm), ("groups2", "conv_im2col")):
         c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
         x = RNG.standard_normal((2, max(c, 4) if name == "3x3-pad" else c, h, w)).astype(np.float32)
         params = _conv_params(x.shape[1], o, kh, kw, g)
@@ -528,7 +530,7 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
         graph = Graph({"x": ValueInfo("f32", ("N", *x.shape[1:]))}, ["y"], [node],
                       {k: _info(v) for k, v in params.items()})
         with Engine(FakeContainer(graph, params)) as eng:
-            kind = eng._prep[0]["kind"]
+            kind = eng._prep[0]["route"]
         assert kind == want, name
         got, want_y = run_both(x, [node], params)
         assert_close(got, want_y, scale=20)
@@ -536,11 +538,11 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
 
 def test_winograd_falls_back_on_few_tiles(monkeypatch):
     """Below WINOGRAD_MIN_TILES a call runs the pitch GEMM path; both give the same outputs."""
-    from pocket.infer import lowering_conv
+    from pocket.infer.routes import conv_winograd, conv_winograd_fused
 
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_C", 4)
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_FUSED_MIN_C", 4)
-    monkeypatch.setattr(lowering_conv, "WINOGRAD_MIN_TILES", 20)  # 4x4 tiles an image: n=1 falls back
+    monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(conv_winograd_fused, "WINOGRAD_FUSED_MIN_C", 4)
+    monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_TILES", 20)  # 4x4 tiles an image: n=1 falls back
     params = _conv_params(4, 3, 3, 3, 1)
     node = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {"padding": [1, 1]})
     graph = Graph({"x": ValueInfo("f32", ("N", 4, 8, 8))}, ["y"], [node],
@@ -683,7 +685,7 @@ def test_conv_pool_writes_next_convs_padding(threads, act2, fp32_route):
     nothing; at every batch size the results are the reference's (the arena keeps the second
     conv's scratch live from the first on), and the pair falls back to pad_images where the
     second conv runs another way (a Winograd conv's fused kernel at larger batches)."""
-    from pocket.infer import lowering_conv
+    from pocket.infer.routes.conv_fma_pitch import pads_into
 
     params = {**{k + "1": v for k, v in _conv_params(3, 32, 3, 3, 1).items()},
               **{k + "2": v for k, v in _conv_params(32, 16, 3, 3, 1).items()}}
@@ -699,12 +701,12 @@ def test_conv_pool_writes_next_convs_padding(threads, act2, fp32_route):
             # (sums of 288 terms of up to ~40: float32 rounding reaches ~1e-4)
             assert_close(got, ref.run(g, params, x)["y"], scale=1000)
             names = [getattr(getattr(f, "func", f), "__name__", "") for f in eng._bind(n).calls]
-            padded = lowering_conv._pads_into(eng, 0, n) == 2
+            padded = pads_into(eng._ctx, 0, n) == 2
             assert any(f.startswith("gemm_pool2_padded") for f in names) == padded, names
             if padded:  # only the first conv's input is padded
                 assert sum(f.startswith("pad_images") for f in names) == -(-n // eng._prep[0]["chunk"])
         if fp32_route == "fma":
-            assert eng._pad_after == {0: 2} and lowering_conv._pads_into(eng, 0, 1) == 2
+            assert eng._pad_after == {0: 2} and pads_into(eng._ctx, 0, 1) == 2
 
 
 @pytest.mark.parametrize("act", ["relu", "gelu"])
@@ -712,7 +714,7 @@ def test_conv_pool_writes_next_convs_padding(threads, act2, fp32_route):
                                         ((4, 4), 1, False), ((8, 8), 3, False)])
 def test_conv2d_fp32_k_halves(hw, n, split, act):
     """On two threads an im2col conv of 32..128 columns a chunk runs two GEMMs over the halves
-    of K and sums them in its epilogue (lowering_conv.FMA_KSPLIT_COLS, kernels_fp32.bias_act_sum
+    of K and sums them in its epilogue (routes.conv_fma_cols.FMA_KSPLIT_COLS, kernels_fp32.bias_act_sum
     and bias_act_pool_sum): still the convolution, with and without a fused maxpool (2x2/2 and
     3x3/2)."""
     from pocket.infer import kernels_fma

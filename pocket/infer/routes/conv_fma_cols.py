@@ -1,0 +1,94 @@
+"""fp32 conv (groups 1) on kernels_fma (AVX-512): im2col columns of a chunk of images, one
+kernels_fma GEMM, one epilogue pass; one image whose pixels fill whole tiles has the GEMM write
+its NCHW output with the bias and ReLU (no epilogue)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fp32 as kf
+from pocket.infer import lowering_common as lc
+from pocket.infer.lowering_common import _EMPTY_F32, _act_code, _aligned, _im2col, _register_epi
+from pocket.infer.routes.base import Route, conv_prep, register
+
+# On two or more threads an im2col conv with this many columns a chunk (batch 1 on 6x6 to
+# 11x11 maps) runs its GEMM as two over the halves of K, then adds them: split by output
+# channels, each core read the im2col rows the other core had written, and the 8x8 layers of
+# cnn_cifar fp32 at batch 1 ran 15-20% slower after im2col than alone (whole model, 2 threads:
+# ~2% faster). 4x4 maps gained nothing; one thread lost the add (1.5%).
+FMA_KSPLIT_COLS = (32, 128)
+
+
+def fma_limits(geo, dtype, cpu) -> str | None:
+    if not cpu.fma:
+        return "needs AVX-512 (kernels_fma; off with POCKET_FP32_FMA=0)"
+    if dtype != "f32":
+        return "fp32 only"
+    if geo.groups != 1:
+        return "groups 1 only"
+    return None
+
+
+@register
+class ConvFmaCols(Route):
+    name, op = "conv_fma_cols", "conv2d"
+    fuses_pool = True
+
+    def limits(self, geo, dtype, cpu):
+        return fma_limits(geo, dtype, cpu)
+
+    def prepare(self, ctx, node):
+        d = conv_prep(ctx, node, self.name)
+        o, k, p = d["o"], d["k"], d["p"]
+        d["w2"] = d["w"].reshape(o, k)
+        d["chunk"] = max(1, min(ctx.max_batch, lc.FMA_SCRATCH_BYTES // ((k + o) * p * 4)))
+        cols = kfma.tile_cols(d["chunk"] * p)
+        # (two results while the GEMM runs over the halves of K)
+        halves_cols = 2 * min(cols, FMA_KSPLIT_COLS[1])
+        d["scratch_bytes"] = _aligned(k * cols * 4) + _aligned(o * max(cols, halves_cols) * 4)
+        return d
+
+    def bind(self, ctx, step, node, d, n, pool=None):
+        a = node.attrs
+        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        o, k, p, geom = d["o"], d["k"], d["p"], d["geom"]
+        act, alpha = _act_code(a), a["alpha"]
+        y3, x_w = y.reshape(n, o, p), y.shape[3]
+        pool, pool_geom = pool or (None, ())
+        calls = []
+        for start in range(0, n, d["chunk"]):
+            m = min(d["chunk"], n - start)
+            xs, ys = x[start:start + m], y3[start:start + m]
+            cols = kfma.tile_cols(m * p)
+            col = ctx.scratch(step, np.float32, (k, cols))
+            # few columns: two GEMMs over the halves of K, each reading the rows its core's
+            # half of im2col wrote, then their sum
+            halves = 2 if (ctx.threads > 1 and FMA_KSPLIT_COLS[0] <= cols <= FMA_KSPLIT_COLS[1]
+                           and k % 2 == 0) else 1
+            yw = ctx.scratch(step, np.float32, (halves * o, cols),
+                             _aligned(k * kfma.tile_cols(d["chunk"] * p) * 4))
+            kpart = k // halves
+            if cols > m * p:
+                calls.append(partial(col[:, m * p:].fill, 0))
+            calls.append(_im2col(col, xs, geom, np.float32(0), 0, p))
+            # one image whose pixels fill whole tiles: the GEMM's (O, P) is its NCHW output,
+            # so the GEMM writes it with the bias and ReLU (no epilogue pass)
+            epi = _register_epi(d["b"], act)
+            if m == 1 and cols == p and halves == 1 and pool is None and epi is not None:
+                calls.append(partial(kfma.gemm, ys[0], d["w2"], col, kfma.row_offsets(k, cols), 1, o, cols,
+                                     0, 0, k, 0, cols, d["b"], epi))
+                continue
+            calls.append(partial(kfma.gemm, yw, d["w2"], col, kfma.row_offsets(kpart, cols), halves, o, cols,
+                                 kpart * cols, kpart, k, o * cols, cols, _EMPTY_F32, 0))
+            if halves == 2:  # the halves' sum in the epilogue (see kernels_fp32.bias_act_sum)
+                calls.append(partial(kf.bias_act_sum, ys, yw, p, d["b"], act, alpha) if pool is None else
+                             partial(kf.bias_act_pool_sum, pool[start:start + m], yw, p, x_w, *pool_geom,
+                                     d["b"], act, alpha))
+                continue
+            calls += [partial(kf.bias_act, ys, yw, 0, p, d["b"], act, alpha) if pool is None else
+                      partial(kf.bias_act_pool, pool[start:start + m], yw, 0, p, x_w, *pool_geom,
+                              d["b"], act, alpha)]
+        return calls

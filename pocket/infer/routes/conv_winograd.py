@@ -1,0 +1,156 @@
+"""fp32 3x3 stride-1 conv (groups 1, dilation 1) as Winograd F(2x2, 3x3): transforms of the
+images and filters, 16 GEMMs (2.25x fewer multiply-adds), an output transform that may pool.
+kernels_winograd's transforms and BLAS on the portable path; on AVX-512 kernels_fma_winograd's
+and kernels_fma's GEMM. A batch with few tiles runs at its pitch instead (the pitch plan)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fma_winograd as kfw
+from pocket.infer import kernels_fp32 as kf
+from pocket.infer import kernels_winograd as kwg
+from pocket.infer import lowering_common as lc
+from pocket.infer.lowering_common import _EMPTY_F32, _act_code, _aligned
+from pocket.infer.routes.base import ROUTES, Route, conv_prep, register
+
+# fp32 3x3 stride-1 convs with at least this many input channels run as Winograd F(2x2, 3x3)
+# (kernels_winograd): its 16 GEMMs do 2.25x fewer multiply-adds, which outweighs the
+# transforms from about 64 channels on (32 was a little slower, measured at batch 1 and 64;
+# with kernels_fma's transforms, cnn_mnist fp32 batch 64 at 32 went 4.82 -> 4.59 ms on one
+# thread but 2.57 -> 2.74 ms on two).
+WINOGRAD_MIN_C = 64
+# ... and at least this many tiles (2x2 outputs) a call: with fewer (batch 1 on maps of 8x8 and
+# less) the per-call filter transform and short loops cost more than the GEMM saves (cnn_cifar
+# fp32 batch 1: 3.6 ms at 64, 4.2 ms at 16, 4.0 ms at 512).
+WINOGRAD_MIN_TILES = 64
+# Winograd's U (16, O*C) has rows this many floats longer: at O*C a multiple of 1024 its 16
+# rows fall in one L1 set, and the filter transform, which writes all 16 per filter, ran 10x
+# slower
+U_SKEW = 16
+# where a batch with few tiles runs: the first of these the table would take
+PITCH_ROUTES = ("conv_fma_pitch", "conv_fma_cols", "conv_gemm_pitch")
+
+
+def winograd_limits(geo, dtype) -> str | None:
+    if dtype != "f32":
+        return "fp32 only"
+    if (geo.kh, geo.kw, geo.sh, geo.sw, geo.dh, geo.dw, geo.groups) != (3, 3, 1, 1, 1, 1, 1):
+        return "needs a 3x3 kernel, stride 1, dilation 1, groups 1"
+    return geo.pitch_limit()
+
+
+def winograd_sizes(d: dict, m: int) -> list[int]:
+    """Scratch of a Winograd conv for m images, in order: U, padded images (none for
+    kernels_fma_winograd, which reads them unpadded), row scratch, V, M, output scratch
+    (float32 elements). V and M have winograd_cols columns, rows kfw.VM_SKEW longer."""
+    c, o = d["c"], d["o"]
+    cols = winograd_cols(d, m)
+    return [16 * (o * c + U_SKEW), 0 if d["fma"] else m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"],
+            16 * (c * cols + kfw.VM_SKEW), 16 * (o * cols + kfw.VM_SKEW), m * o * 8 * d["th"] * d["tw"]]
+
+
+def winograd_cols(d: dict, m: int) -> int:
+    """Columns of V and M for m images: their tiles, rounded up for kernels_fma's GEMM."""
+    t = m * d["th"] * d["tw"]
+    return kfma.tile_cols(t) if d["fma"] else t
+
+
+@register
+class ConvWinograd(Route):
+    name, op = "conv_winograd", "conv2d"
+    fuses_pool = True
+
+    def limits(self, geo, dtype, cpu):
+        return winograd_limits(geo, dtype)
+
+    def declines(self, geo, dtype, cpu):
+        return f"fewer than {WINOGRAD_MIN_C} input channels" if geo.c < WINOGRAD_MIN_C else None
+
+    def prepare(self, ctx, node):
+        return self.with_pitch_plan(ctx, node, self.transforms(ctx, node))
+
+    def transforms(self, ctx, node) -> dict:
+        """The Winograd part of the prepared dict (conv_winograd_fused adds its own)."""
+        d = conv_prep(ctx, node, self.name)
+        geo = d["geo"]
+        c = geo.c
+        d["w_bytes"] = 0
+        d.update(c=c, th=-(-geo.ho // 2), tw=-(-geo.wo // 2), w9=d["w"].reshape(-1, 9), fma=ctx.cpu.fma)
+        d["hp"], d["wp"] = 2 * d["th"] + 2, 2 * d["tw"] + 2
+        # NOTE: U (16 x O x C) is not part of the budget: a GEMM reads all of U once per chunk
+        # (from memory once it outgrows L2), so on small maps only big chunks amortize it
+        per_image = (sum(winograd_sizes(d, 1)[1:]) - 16 * (c + d["o"]) * (
+            winograd_cols(d, 1) - d["th"] * d["tw"])) * 4
+        d["chunk"] = max(1, min(ctx.max_batch, lc.SCRATCH_BYTES // per_image))
+        d["scratch_bytes"] = sum(_aligned(e * 4) for e in winograd_sizes(d, d["chunk"]))
+        return d
+
+    def with_pitch_plan(self, ctx, node, d: dict) -> dict:
+        """The pitch plan, for batches with few tiles; the scratch covers both."""
+        pitch = next(ROUTES[r] for r in PITCH_ROUTES
+                     if ROUTES[r].eligible(d["geo"], "f32", ctx.cpu)
+                     and ROUTES[r].declines(d["geo"], "f32", ctx.cpu) is None)
+        d["pitch_plan"] = pitch_plan = pitch.prepare(ctx, node)
+        d["scratch_bytes"] = max(d["scratch_bytes"], pitch_plan["scratch_bytes"])
+        return d
+
+    def at_batch(self, ctx, step, d, n):
+        if n * d["th"] * d["tw"] < WINOGRAD_MIN_TILES or d["c"] < WINOGRAD_MIN_C:
+            pitch = d["pitch_plan"]
+            return ROUTES[pitch["route"]], pitch
+        return self, d
+
+    def pool_ok(self, d, n, pool_geom):
+        return tuple(pool_geom) == (2, 2, 2, 2)  # the max of each 2x2 tile
+
+    def bind(self, ctx, step, node, d, n, pool=None):
+        a = node.attrs
+        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        o, geom = d["o"], d["geom"]
+        act, alpha = _act_code(a), a["alpha"]
+        pool, pool_geom = pool or (None, ())
+        calls = []
+        for start in range(0, n, d["chunk"]):
+            m = min(d["chunk"], n - start)
+            xs = x[start:start + m]
+            c, th, tw = d["c"], d["th"], d["tw"]
+            cols = winograd_cols(d, m)
+            padded = (0,) if d["fma"] else (m, c, d["hp"], d["wp"])
+            shapes = [(16, o * c + U_SKEW), padded, (m * c, 4, d["wp"]),
+                      (16, c * cols + kfw.VM_SKEW), (16, o * cols + kfw.VM_SKEW), (m * o, 8, th * tw)]
+            at, views = 0, []
+            for shape, full in zip(shapes, winograd_sizes(d, d["chunk"])):
+                views.append(ctx.scratch(step, np.float32, shape, at))
+                at += _aligned(full * 4)
+            u, xpad, tin, v, mm, tout = views
+            # AVX-512: the transforms of kernels_fma_winograd on V and M with skewed rows (VM_SKEW);
+            # else kernels_winograd's, which want them contiguous
+            fast = d["fma"] and act in (0, 1)
+            v = (v[:, :c * cols] if d["fma"] else v.reshape(-1)[:16 * c * cols]).reshape(16, c, cols)
+            mm = (mm[:, :o * cols] if fast else mm.reshape(-1)[:16 * o * cols]).reshape(16, o, cols)
+            if start == 0:  # G w G^T for this call (the weights themselves stay in the mmap)
+                ft = kfw.filter_transform if d["fma"] else kwg.filter_transform
+                calls.append(partial(ft, u[:, :o * c], d["w9"]))
+            if d["fma"]:
+                calls.append(partial(kfw.input_transform, v, xs, tin, th, tw, *geom[4:6]))
+            else:
+                calls += [partial(kf.pad_images, xpad.reshape(-1), xs, *geom[4:6], d["hp"], d["wp"],
+                                  np.float32(0)),
+                          partial(kwg.input_transform, v, xpad, tin, th, tw)]
+            if d["fma"]:
+                if cols > m * th * tw:  # the GEMM's last tile: zeros, never denormals
+                    calls.append(partial(v[:, :, m * th * tw:].fill, 0))
+                calls.append(partial(kfma.gemm, mm, u, v, kfma.row_offsets(c, cols), 16, o, cols,
+                                     v.strides[0] // 4, o * c + U_SKEW, c, mm.strides[0] // 4, cols,
+                                     _EMPTY_F32, 0))
+            else:
+                calls.append(partial(np.matmul, u[:, :o * c].reshape(16, o, c), v, out=mm))
+            calls.append(partial(kfw.output_transform if fast else kwg.output_transform,
+                                 y[start:start + m] if pool is None else
+                                 pool[start:start + m], mm, tout, th, tw, d["b"], act, alpha,
+                                 pool is not None))
+        return calls

@@ -1,0 +1,35 @@
+"""fp32 linear on the portable path: one BLAS GEMM (x @ W^T, W^T a view of the mmapped
+weights), then bias and activation in place."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from pocket.infer import kernels_fp32 as kf
+from pocket.infer.lowering_common import _EMPTY_F32, _act_code
+from pocket.infer.routes.base import Route, register
+
+
+def linear_prep(ctx, node, name: str) -> dict:
+    w = ctx.params[node.inputs[1]]
+    b = ctx.params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
+    return {"route": name, "wf": w, "wT": w.T, "b": b}
+
+
+@register
+class LinearBlas(Route):
+    name, op = "linear_blas", "linear"
+
+    def limits(self, geo, dtype, cpu):
+        return None if dtype == "f32" else "fp32 only"
+
+    def prepare(self, ctx, node):
+        return linear_prep(ctx, node, self.name)
+
+    def bind(self, ctx, step, node, d, n, pool=None):
+        a = node.attrs
+        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        return [partial(np.matmul, x, d["wT"], out=y),
+                partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), a["alpha"])]

@@ -1,0 +1,50 @@
+"""int8 linear on the portable path: with at least F32_ROUTE_ROWS rows, exact float32 BLAS GEMMs
+on the int8 codes (weights and rows converted in the node's scratch for that call, K in pieces
+of kernels_int8.EXACT_K) and a requantizing epilogue; fewer rows take kernels_int8.gemm_q's
+int8 dot products."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from pocket.infer import kernels_int8 as ki
+from pocket.infer.lowering_common import F32_ROUTE_ROWS, _aligned, _int8_consts
+from pocket.infer.routes.base import Route, register
+
+
+@register
+class LinearInt8(Route):
+    name, op = "linear_int8", "linear"
+
+    def limits(self, geo, dtype, cpu):
+        return None if dtype == "i8" else "int8 only"
+
+    def prepare(self, ctx, node):
+        w = ctx.params[node.inputs[1]]
+        o, k = w.shape
+        kc = -(-k // ki.EXACT_K)
+        # float32 route scratch: weights, input rows, kc partial sums
+        sizes = (o * k * 4, ctx.max_batch * k * 4, kc * ctx.max_batch * o * 4)
+        scratch = sum(map(_aligned, sizes)) if ctx.max_batch >= F32_ROUTE_ROWS else 0
+        return {"route": self.name, "w": w, "kc": kc, "sizes": sizes, "scratch_bytes": scratch,
+                **_int8_consts(ctx, node, w)}
+
+    def bind(self, ctx, step, node, d, n, pool=None):
+        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+        w = d["w"]
+        o, k = w.shape
+        if n < F32_ROUTE_ROWS:
+            return [partial(ki.gemm_q, y.reshape(n, o, 1), x.reshape(n, 1, k), w, epi[0], epi[1], 1,
+                            *epi[2:])]
+        at = [0, _aligned(d["sizes"][0]), _aligned(d["sizes"][0]) + _aligned(d["sizes"][1])]
+        wf = ctx.scratch(step, np.float32, (o, k), at[0])
+        xf = ctx.scratch(step, np.float32, (n, k), at[1])
+        yf = ctx.scratch(step, np.float32, (d["kc"], n, o), at[2])
+        calls = [partial(np.copyto, wf, w), partial(np.copyto, xf, x.reshape(n, k))]
+        for c in range(d["kc"]):
+            k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
+            calls.append(partial(np.matmul, xf[:, k0:k1], wf[:, k0:k1].T, out=yf[c]))
+        return [*calls, partial(ki.requant_rows, y.reshape(n, o), yf, *epi)]
