@@ -59,17 +59,23 @@ def _inside(n, k, s, p, d, size):
 
 
 @njit(cache=True, inline="always")
-def _taps(o, k, s, p, d, size):
-    """[t0, t1): the taps of output o that read inside [0, size) along one axis."""
-    start = o * s - p
-    t0 = min(k, max(0, -(start // d)))  # the first t with start + t*d >= 0: ceil(-start / d)
-    return t0, max(t0, min(k, (size - 1 - start) // d + 1))
+def _box(g, ho):
+    """(r0, r1, c0, c1): the interior rows and columns, the same for every plane (each `_inside`
+    is two integer divisions: once a call, not once a plane)."""
+    h, wd, wo, kh, kw, sh, sw, ph, pw, dh, dw = g
+    r0, r1 = _inside(ho, kh, sh, ph, dh, h)
+    c0, c1 = _inside(wo, kw, sw, pw, dw, wd)
+    return r0, r1, c0, c1
 
 
 # --------------------------------------------------------------------------- float32
+#
+# NOTE: the planes are flat arrays and offsets (xb, ob, wb), never slices: a slice costs Numba
+# reference counting (atomic increments) and a call to a compiled function more of it, which
+# took more time than the sums themselves on 8x8 and 4x4 maps (1.3 us a plane, 3x3).
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _act_run(of, lo, hi, act, alpha):
     """of[lo:hi] through activation `act` in place; ReLU and leaky ReLU vectorized, NaN kept."""
     zero = np.float32(0.0)
@@ -87,65 +93,64 @@ def _act_run(of, lo, hi, act, alpha):
             of[t] = activate(np.float64(of[t]), act, alpha)
 
 
-@njit(cache=True)
-def _border_f32(of, xf, wk, bo, oh, i0, i1, c0, c1, g):
-    """Output row oh, columns [c0, c1) of flat plane of, bias added: taps [i0, i1) of the rows
-    and, per pixel, those of the columns that read inside the flat input plane xf."""
-    h, wd, wo, sh, sw, ph, pw, dh, dw = g
-    kw = wk.shape[1]
+@njit(cache=True, inline="always")
+def _border_f32(of, ob, xf, xb, wf, wb, bo, oh, c0, c1, g):
+    """Outputs (oh, [c0, c1)) of the plane at ob, bias added, from the taps that read inside
+    the plane at xb. g = (H, W, Wo, kh, kw, sh, sw, ph, pw, dh, dw)."""
+    h, wd, wo, kh, kw, sh, sw, ph, pw, dh, dw = g
     for ow in range(c0, c1):
-        j0, j1 = _taps(ow, kw, sw, pw, dw, wd)
         acc = bo
-        for i in range(i0, i1):
-            r = (oh * sh - ph + i * dh) * wd + ow * sw - pw
-            for j in range(j0, j1):
-                acc += wk[i, j] * xf[np.uint64(r + j * dw)]
-        of[np.uint64(oh * wo + ow)] = acc
+        for i in range(kh):
+            ih = oh * sh - ph + i * dh
+            if 0 <= ih < h:
+                for j in range(kw):
+                    iw = ow * sw - pw + j * dw
+                    if 0 <= iw < wd:
+                        acc += wf[wb + i * kw + j] * xf[xb + ih * wd + iw]
+        of[ob + oh * wo + ow] = acc
 
 
 @njit(cache=True, inline="always")
-def _interior_f32(of, xf, wk, bo, obase, base, lo, hi, rs, dw, KH, KW, SW):
-    """of[obase + ow] = bo + sum over taps of wk[i, j] * xf[base + i*rs + ow*SW + j*dw] for ow
-    in [lo, hi), every index inside the flat planes. KH, KW, SW constants: the taps unroll and
+def _interior_f32(of, ob, xf, xb, wf, wb, bo, lo, hi, rs, dw, KH, KW, SW):
+    """of[ob + ow] = bo + sum over taps of wf[wb + i*KW + j] * xf[xb + i*rs + ow*SW + j*dw]
+    for ow in [lo, hi), every index inside its array. KH, KW, SW constants: the taps unroll and
     the loop along ow vectorizes."""
     for ow in range(lo, hi):
         # NOTE: unsigned indices spare Numba its negative-index wrap-around (which made the
         # store a scatter and the loads gathers)
-        p = np.uint64(base + ow * SW)
+        p = np.uint64(xb + ow * SW)
         acc = bo
         for i in range(KH):
             for j in range(KW):
-                acc += wk[i, j] * xf[p + np.uint64(i * rs + j * dw)]
-        of[np.uint64(obase + ow)] = acc
+                acc += wf[np.uint64(wb + i * KW + j)] * xf[p + np.uint64(i * rs + j * dw)]
+        of[np.uint64(ob + ow)] = acc
 
 
 @njit(cache=True, inline="always")
 def _widen(c0, c1, wo, base, sw, reach, size):
     """The interior columns [c0, c1) widened inside [0, Wo) towards a multiple of RUN, as long
-    as every read base + ow*sw + [0, reach] stays inside the flat plane (size).
+    as every read base + ow*sw + [0, reach] stays inside the flat plane [0, size).
 
     NOTE: the extra columns read the neighbouring rows (junk) and write border columns, which
     the border loop then overwrites. What it buys: no scalar remainder after the vector loop
     (a 62-wide interior is 7 vectors of 8 and 6 scalar outputs that cost as much as the 7)."""
     if c1 <= c0:
         return c0, c1
-    e = min(wo, c0 + -(-(c1 - c0) // RUN) * RUN)
-    a = max(0, min(c0, e - -(-(c1 - c0) // RUN) * RUN))
+    run = -(-(c1 - c0) // RUN) * RUN
+    e = min(wo, c0 + run)
+    a = max(0, min(c0, e - run))
     if base + a * sw < 0 or base + (e - 1) * sw + reach >= size:
         return c0, c1
     return a, e
 
 
 @njit(cache=True, inline="always")
-def _plane_f32(of, xf, wk, bo, g, ho, act, alpha, KH, KW, SW):
-    """One flat plane xf (H*W,), wk (kh, kw) -> of (Ho*Wo,); KH = 0: no unrolled interior.
-
-    NOTE: flat planes and offsets, no slice per row: each slice cost Numba reference counting
-    (atomic increments), 3x the time of a 62-wide row of a 3x3 conv."""
-    h, wd, wo, sh, sw, ph, pw, dh, dw = g
-    kh, kw = wk.shape
-    r0, r1 = _inside(ho, kh, sh, ph, dh, h)
-    c0, c1 = _inside(wo, kw, sw, pw, dw, wd)
+def _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, KH, KW, SW):
+    """One plane: x at xb (H*W), w at wb (kh*kw) -> out at ob (Ho*Wo). box = (r0, r1, c0, c1):
+    the interior rows and columns (`_box`); KH = 0: no unrolled interior (every pixel through
+    the border loop)."""
+    h, wd, wo, kh, kw, sh, sw, ph, pw, dh, dw = g
+    r0, r1, c0, c1 = box
     if KH == 0:
         r0, r1 = ho, ho
     reach = (kh - 1) * dh * wd + (kw - 1) * dw
@@ -153,13 +158,12 @@ def _plane_f32(of, xf, wk, bo, g, ho, act, alpha, KH, KW, SW):
         if r0 <= oh < r1:
             base = (oh * sh - ph) * wd - pw
             a, e = _widen(c0, c1, wo, base, sw, reach, h * wd)
-            _interior_f32(of, xf, wk, bo, oh * wo, base, a, e, dh * wd, dw, KH, KW, SW)
-            _border_f32(of, xf, wk, bo, oh, 0, kh, 0, c0, g)
-            _border_f32(of, xf, wk, bo, oh, 0, kh, c1, wo, g)
+            _interior_f32(of, ob + oh * wo, xf, xb + base, wf, wb, bo, a, e, dh * wd, dw, KH, KW, SW)
+            _border_f32(of, ob, xf, xb, wf, wb, bo, oh, 0, c0, g)
+            _border_f32(of, ob, xf, xb, wf, wb, bo, oh, c1, wo, g)
         else:
-            i0, i1 = _taps(oh, kh, sh, ph, dh, h)
-            _border_f32(of, xf, wk, bo, oh, i0, i1, 0, wo, g)
-    _act_run(of, 0, ho * wo, act, alpha)
+            _border_f32(of, ob, xf, xb, wf, wb, bo, oh, 0, wo, g)
+    _act_run(of, ob, ob + ho * wo, act, alpha)
 
 
 @kernel
@@ -171,87 +175,86 @@ def dw_conv(out, x, w, b, sh, sw, ph, pw, dh, dw, act, alpha):
     n, c, h, wd = x.shape
     kh, kw = w.shape[2], w.shape[3]
     ho, wo = out.shape[2], out.shape[3]
-    g = (h, wd, wo, sh, sw, ph, pw, dh, dw)
+    g = (h, wd, wo, kh, kw, sh, sw, ph, pw, dh, dw)
+    box = _box(g, ho)
     has_bias = b.shape[0] > 0
-    xf, of = x.reshape(n * c, h * wd), out.reshape(n * c, ho * wo)
+    xf, of, wf = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     for nc in prange(n * c):
         ch = nc % c
-        o, xs, wk = of[nc], xf[nc], w[ch, 0]
+        xb, ob, wb = nc * h * wd, nc * ho * wo, ch * kh * kw
         bo = b[ch] if has_bias else np.float32(0.0)
         if kh == 3 and kw == 3 and sw == 1:
-            _plane_f32(o, xs, wk, bo, g, ho, act, alpha, 3, 3, 1)
+            _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 3, 3, 1)
         elif kh == 3 and kw == 3 and sw == 2:
-            _plane_f32(o, xs, wk, bo, g, ho, act, alpha, 3, 3, 2)
+            _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 3, 3, 2)
         elif kh == 5 and kw == 5 and sw == 1:
-            _plane_f32(o, xs, wk, bo, g, ho, act, alpha, 5, 5, 1)
+            _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 5, 5, 1)
         elif kh == 5 and kw == 5 and sw == 2:
-            _plane_f32(o, xs, wk, bo, g, ho, act, alpha, 5, 5, 2)
+            _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 5, 5, 2)
         else:
-            _plane_f32(o, xs, wk, bo, g, ho, act, alpha, 0, 0, 0)
+            _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 0, 0, 0)
 
 
 # --------------------------------------------------------------------------- int8
 
 
-@njit(cache=True)
-def _border_q(of, xf, wk, bq, oh, i0, i1, c0, c1, g, x_zp, epi):
+@njit(cache=True, inline="always")
+def _border_q(of, ob, xf, xb, wf, wb, bq, oh, c0, c1, g, x_zp, epi):
     """`_border_f32` for int8: sum((x_q - x_zp) * w_q) over the taps inside, exact in int64,
     then kernels_int8's epilogue. epi = (m, y_zp, lo, to_int8, relu)."""
-    h, wd, wo, sh, sw, ph, pw, dh, dw = g
+    h, wd, wo, kh, kw, sh, sw, ph, pw, dh, dw = g
     m, y_zp, lo, to_int8, relu = epi
-    kw = wk.shape[1]
     for ow in range(c0, c1):
-        j0, j1 = _taps(ow, kw, sw, pw, dw, wd)
         acc = bq
-        for i in range(i0, i1):
-            r = (oh * sh - ph + i * dh) * wd + ow * sw - pw
-            for j in range(j0, j1):
-                acc += (np.int64(xf[np.uint64(r + j * dw)]) - x_zp) * np.int64(wk[i, j])
-        of[np.uint64(oh * wo + ow)] = _epilogue(acc, m, y_zp, lo, to_int8, relu)
+        for i in range(kh):
+            ih = oh * sh - ph + i * dh
+            if 0 <= ih < h:
+                for j in range(kw):
+                    iw = ow * sw - pw + j * dw
+                    if 0 <= iw < wd:
+                        acc += (np.int64(xf[xb + ih * wd + iw]) - x_zp) * np.int64(wf[wb + i * kw + j])
+        of[ob + oh * wo + ow] = _epilogue(acc, m, y_zp, lo, to_int8, relu)
 
 
 @njit(cache=True, inline="always")
-def _interior_q(of, xf, wk, badj, epi, obase, base, lo, hi, rs, dw, KH, KW, SW):
+def _interior_q(of, ob, xf, xb, wf, wb, badj, epi, lo, hi, rs, dw, KH, KW, SW):
     """`_interior_f32` for int8: badj = b_q - x_zp * sum(w_q) plus the pure int8 x int8 sum.
 
     NOTE: the int32 casts keep the lanes 32-bit (Numba widens int arithmetic to int64), so LLVM
     vectorizes; wrap-around is exact, the true sum being far inside int32 (25 * 2**14)."""
     m, y_zp, ylo, to_int8, relu = epi
     for ow in range(lo, hi):
-        p = np.uint64(base + ow * SW)
+        p = np.uint64(xb + ow * SW)
         acc = np.int32(0)
         for i in range(KH):
             for j in range(KW):
                 acc = np.int32(acc + np.int32(np.int32(xf[p + np.uint64(i * rs + j * dw)])
-                                              * np.int32(wk[i, j])))
-        of[np.uint64(obase + ow)] = _epilogue(np.int64(acc) + badj, m, y_zp, ylo, to_int8, relu)
+                                              * np.int32(wf[np.uint64(wb + i * KW + j)])))
+        of[np.uint64(ob + ow)] = _epilogue(np.int64(acc) + badj, m, y_zp, ylo, to_int8, relu)
 
 
 @njit(cache=True, inline="always")
-def _plane_q(of, xf, wk, bq, g, ho, x_zp, epi, KH, KW, SW):
-    """`_plane_f32` for int8: xf (H*W,) i8, wk (kh, kw) i8, bq = b_q -> of (Ho*Wo,) i8 or f32."""
-    h, wd, wo, sh, sw, ph, pw, dh, dw = g
-    kh, kw = wk.shape
-    r0, r1 = _inside(ho, kh, sh, ph, dh, h)
-    c0, c1 = _inside(wo, kw, sw, pw, dw, wd)
+def _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, x_zp, epi, KH, KW, SW):
+    """`_plane_f32` for int8: x and w i8, bq = b_q -> out i8 or f32."""
+    h, wd, wo, kh, kw, sh, sw, ph, pw, dh, dw = g
+    r0, r1, c0, c1 = box
     if KH == 0:
         r0, r1 = ho, ho
     wsum = np.int64(0)
-    for i in range(kh):
-        for j in range(kw):
-            wsum += np.int64(wk[i, j])
+    for t in range(kh * kw):
+        wsum += np.int64(wf[wb + t])
     badj = bq - x_zp * wsum
     reach = (kh - 1) * dh * wd + (kw - 1) * dw
     for oh in range(ho):
         if r0 <= oh < r1:
             base = (oh * sh - ph) * wd - pw
             a, e = _widen(c0, c1, wo, base, sw, reach, h * wd)
-            _interior_q(of, xf, wk, badj, epi, oh * wo, base, a, e, dh * wd, dw, KH, KW, SW)
-            _border_q(of, xf, wk, bq, oh, 0, kh, 0, c0, g, x_zp, epi)
-            _border_q(of, xf, wk, bq, oh, 0, kh, c1, wo, g, x_zp, epi)
+            _interior_q(of, ob + oh * wo, xf, xb + base, wf, wb, badj, epi, a, e, dh * wd, dw, KH,
+                        KW, SW)
+            _border_q(of, ob, xf, xb, wf, wb, bq, oh, 0, c0, g, x_zp, epi)
+            _border_q(of, ob, xf, xb, wf, wb, bq, oh, c1, wo, g, x_zp, epi)
         else:
-            i0, i1 = _taps(oh, kh, sh, ph, dh, h)
-            _border_q(of, xf, wk, bq, oh, i0, i1, 0, wo, g, x_zp, epi)
+            _border_q(of, ob, xf, xb, wf, wb, bq, oh, 0, wo, g, x_zp, epi)
 
 
 @kernel
@@ -265,22 +268,23 @@ def dw_conv_q(out, x, w, b, m, x_zp, to_int8, y_zp, lo, relu, sh, sw, ph, pw, dh
     n, c, h, wd = x.shape
     kh, kw = w.shape[2], w.shape[3]
     ho, wo = out.shape[2], out.shape[3]
-    g = (h, wd, wo, sh, sw, ph, pw, dh, dw)
+    g = (h, wd, wo, kh, kw, sh, sw, ph, pw, dh, dw)
+    box = _box(g, ho)
     has_bias = b.shape[0] > 0
-    xf, of = x.reshape(n * c, h * wd), out.reshape(n * c, ho * wo)
+    xf, of, wf = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     zp = np.int64(x_zp)
     for nc in prange(n * c):
         ch = nc % c
-        o, xs, wk = of[nc], xf[nc], w[ch, 0]
+        xb, ob, wb = nc * h * wd, nc * ho * wo, ch * kh * kw
         bq = np.int64(b[ch]) if has_bias else np.int64(0)
         epi = (m[ch], y_zp, lo, to_int8, relu)
         if kh == 3 and kw == 3 and sw == 1:
-            _plane_q(o, xs, wk, bq, g, ho, zp, epi, 3, 3, 1)
+            _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 3, 3, 1)
         elif kh == 3 and kw == 3 and sw == 2:
-            _plane_q(o, xs, wk, bq, g, ho, zp, epi, 3, 3, 2)
+            _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 3, 3, 2)
         elif kh == 5 and kw == 5 and sw == 1:
-            _plane_q(o, xs, wk, bq, g, ho, zp, epi, 5, 5, 1)
+            _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 5, 5, 1)
         elif kh == 5 and kw == 5 and sw == 2:
-            _plane_q(o, xs, wk, bq, g, ho, zp, epi, 5, 5, 2)
+            _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 5, 5, 2)
         else:
-            _plane_q(o, xs, wk, bq, g, ho, zp, epi, 0, 0, 0)
+            _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 0, 0, 0)
