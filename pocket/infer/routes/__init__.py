@@ -18,6 +18,8 @@ from pocket.infer.plan import EngineError, PlanContext
 
 # NOTE: each module registers its route in base.ROUTES as it is imported
 from pocket.infer.routes import (  # noqa: F401
+    conv_depthwise,
+    conv_depthwise_int8,
     conv_direct,
     conv_fma_cols,
     conv_fma_pitch,
@@ -39,11 +41,13 @@ from pocket.infer.routes import (  # noqa: F401
 )
 from pocket.infer.routes.base import ROUTES, Route, dtype_of, geometry_of
 
-# First eligible wins, so each CPU's preferred route comes first: AVX-512 (VNNI) routes, which
-# are eligible only there, then Winograd, the pitch routes, and the im2col routes any conv runs.
+# First eligible wins, so each CPU's preferred route comes first: the depthwise kernels (only
+# depthwise convs are eligible), AVX-512 (VNNI) routes, which are eligible only there, then
+# Winograd, the pitch routes, and the im2col routes any conv runs.
 TABLE: dict[str, tuple[Route, ...]] = {op: tuple(ROUTES[r] for r in names) for op, names in {
-    "conv2d": ("conv_direct", "conv_vnni_quad", "conv_vnni", "conv_int8_blas", "conv_int8_im2row",
-               "conv_winograd_fused", "conv_winograd", "conv_fma_pitch", "conv_fma_cols", "conv_pointwise",
+    "conv2d": ("conv_depthwise", "conv_depthwise_int8", "conv_direct", "conv_vnni_quad", "conv_vnni",
+               "conv_int8_blas", "conv_int8_im2row", "conv_winograd_fused", "conv_winograd",
+               "conv_fma_pitch", "conv_fma_cols", "conv_pointwise",
                "conv_gemm_pitch", "conv_gemm", "conv_im2col"),
     "linear": ("linear_vnni", "linear_int8", "linear_fma", "linear_gemv", "linear_blas"),
 }.items()}

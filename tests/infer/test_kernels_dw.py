@@ -1,0 +1,228 @@
+"""The depthwise kernels (kernels_dw) against a naive NumPy twin and formats/reference.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pocket.formats import quant as qm
+from pocket.formats import reference as ref
+from pocket.infer import kernels_dw as kd
+from pocket.infer import kernels_fp32 as kf
+
+RNG = np.random.default_rng(23)
+
+# name: (N, C, H, W, (kh, kw), (sh, sw), (ph, pw), (dh, dw))
+CASES = {
+    "1x1-map": (1, 3, 1, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
+    "1x1-map-s2-5x5": (3, 2, 1, 1, (5, 5), (2, 2), (2, 2), (1, 1)),
+    "odd-width-37": (3, 5, 7, 37, (3, 3), (1, 1), (1, 1), (1, 1)),
+    "wide-64-pad1": (1, 2, 6, 64, (3, 3), (1, 1), (1, 1), (1, 1)),
+    "pad0": (1, 3, 6, 11, (3, 3), (1, 1), (0, 0), (1, 1)),
+    "pad3-past-reach": (1, 2, 5, 6, (3, 3), (1, 1), (3, 3), (1, 1)),
+    "s2-odd": (1, 4, 9, 21, (3, 3), (2, 2), (1, 1), (1, 1)),
+    "s2-even-pad0": (1, 3, 8, 34, (3, 3), (2, 2), (0, 0), (1, 1)),
+    "5x5-s1": (1, 3, 12, 18, (5, 5), (1, 1), (2, 2), (1, 1)),
+    "5x5-s1-wide": (1, 2, 7, 64, (5, 5), (1, 1), (2, 2), (1, 1)),
+    "5x5-s2": (3, 2, 10, 19, (5, 5), (2, 2), (2, 2), (1, 1)),
+    "5x5-pad1": (1, 2, 9, 9, (5, 5), (1, 1), (1, 1), (1, 1)),
+    "dil2": (1, 3, 11, 13, (3, 3), (1, 1), (2, 2), (2, 2)),
+    "dil2-s2": (1, 2, 12, 17, (3, 3), (2, 2), (2, 2), (2, 2)),
+    "7x7": (1, 2, 9, 10, (7, 7), (1, 1), (3, 3), (1, 1)),
+    "1x3-asym": (2, 3, 5, 20, (1, 3), (2, 1), (0, 1), (1, 1)),
+    "s2x1-3x3": (1, 2, 9, 13, (3, 3), (2, 1), (1, 2), (1, 1)),
+}
+
+
+def _geom(case):
+    n, c, h, w, k, s, p, d = case
+    ho = kd.out_size(h, k[0], s[0], p[0], d[0])
+    wo = kd.out_size(w, k[1], s[1], p[1], d[1])
+    return n, c, h, w, k, s, p, d, ho, wo
+
+
+def _attrs(c, s, p, d, **extra):
+    return {"stride": list(s), "padding": list(p), "dilation": list(d), "groups": c, **extra}
+
+
+def naive_dw(x, w, s, p, d, pad, shift=0):
+    """The naive twin: x (N, C, H, W) padded with `pad`, w (C, 1, kh, kw) -> float64 or int64
+    sums of (x - shift) * w (N, C, Ho, Wo), one tap at a time over strided slices."""
+    n, c, h, wd = x.shape
+    kh, kw = w.shape[2:]
+    big = np.int64 if x.dtype == np.int8 else np.float64
+    xp = np.pad(x.astype(big), ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])), constant_values=pad)
+    ho = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
+    wo = (wd + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
+    out = np.zeros((n, c, ho, wo), big)
+    for i in range(kh):
+        for j in range(kw):
+            r, q = i * d[0], j * d[1]
+            tap = xp[:, :, r:r + s[0] * (ho - 1) + 1:s[0], q:q + s[1] * (wo - 1) + 1:s[1]]
+            out += (tap - shift) * w[:, 0, i, j].astype(big).reshape(1, c, 1, 1)
+    return out
+
+
+def _naive_act(y, act):
+    if act == "relu":
+        return np.where(y < 0, 0.0, y)  # NaN stays NaN
+    if act == "leaky_relu":
+        return np.where(y >= 0, y, 0.01 * y)
+    if act == "tanh":
+        return np.tanh(y)
+    return y
+
+
+def _f32_bound(x, w, b, s, p, d):
+    """|error| allowed: 1e-5 of the sum of the terms' magnitudes (float32 rounding of a sum of
+    at most 49 products is well inside it)."""
+    return 1e-5 * (naive_dw(np.abs(x), np.abs(w), s, p, d, 0.0) + np.abs(b).reshape(1, -1, 1, 1))
+
+
+# --------------------------------------------------------------------------- float32
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("act", ["none", "relu", "leaky_relu", "tanh"])
+def test_dw_conv_f32(name, act):
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(CASES[name])
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    out = np.full((n, c, ho, wo), np.nan, np.float32)
+    kd.dw_conv.serial(out, x, w, b, *s, *p, *d, kf.ACT[act], 0.01)
+    twin = _naive_act(naive_dw(x, w, s, p, d, 0.0) + b.reshape(1, -1, 1, 1), act)
+    # relu and tanh do not grow an error, leaky ReLU shrinks it
+    assert np.all(np.abs(out - twin) <= _f32_bound(x, w, b, s, p, d))
+    want = ref.conv2d(_attrs(c, s, p, d, activation=act, alpha=0.01), x, w, b)
+    assert np.all(np.abs(out - want) <= _f32_bound(x, w, b, s, p, d) + 1e-7 * np.abs(want))
+
+
+@pytest.mark.parametrize("name", ["odd-width-37", "s2-odd", "5x5-s2", "7x7"])
+def test_dw_conv_f32_parallel_no_bias(name):
+    """The parallel twin, and an empty bias."""
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(CASES[name])
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
+    out = np.full((n, c, ho, wo), np.nan, np.float32)
+    kd.dw_conv(out, x, w, np.zeros(0, np.float32), *s, *p, *d, kf.ACT["relu"], 0.0)
+    want = ref.conv2d(_attrs(c, s, p, d, activation="relu"), x, w)
+    assert np.all(np.abs(out - want) <= _f32_bound(x, w, np.zeros(c), s, p, d))
+
+
+@pytest.mark.parametrize("name", ["wide-64-pad1", "s2-odd", "5x5-s1-wide", "7x7"])
+def test_dw_conv_f32_nan(name):
+    """A NaN input pixel makes NaN exactly the outputs whose taps read it, through ReLU too;
+    the junk the widened interior reads (neighbouring rows) never reaches an output."""
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(CASES[name])
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    x[0, 0, h // 2, 0] = np.nan
+    x[0, c - 1, 0, wd - 1] = np.nan
+    w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    out = np.empty((n, c, ho, wo), np.float32)
+    kd.dw_conv.serial(out, x, w, b, *s, *p, *d, kf.ACT["relu"], 0.0)
+    want = ref.conv2d(_attrs(c, s, p, d, activation="relu"), x, w, b)
+    assert np.isnan(want).any()
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+
+
+# --------------------------------------------------------------------------- int8
+
+
+def _int8_case(name, x_zp):
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(CASES[name])
+    x = RNG.integers(-128, 128, (n, c, h, wd)).astype(np.int8)
+    w_q, w_s = qm.quantize_weights(RNG.standard_normal((c, 1, *k)).astype(np.float32))
+    w_q[0, 0, 0, 0] = -128  # the extreme codes: (x - x_zp) * w reaches -255 * -128
+    x[0, 0, 0, 0] = 127
+    b_q = qm.quantize_bias(RNG.standard_normal(c).astype(np.float32), 0.05, w_s)
+    return x, w_q, w_s, b_q, (c, s, p, d, ho, wo)
+
+
+def _naive_requant(acc, m, y_zp, relu):
+    y = np.rint(acc.astype(np.float64) * m.reshape(1, -1, 1, 1)) + y_zp
+    return np.clip(y, y_zp if relu else -128, 127).astype(np.int8)
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("mode", ["i8-relu", "i8", "f32", "f32-relu"])
+def test_dw_conv_int8_exact(name, mode):
+    x_zp = -128 if name == "pad0" else 9  # non-zero x_zp checks that padding holds x_zp
+    x, w_q, w_s, b_q, (c, s, p, d, ho, wo) = _int8_case(name, x_zp)
+    relu, to_int8 = mode.endswith("relu"), mode.startswith("i8")
+    a = _attrs(c, s, p, d, x_scale=0.05, x_zero_point=x_zp, activation="relu" if relu else "none")
+    if to_int8:
+        a.update(y_scale=0.07, y_zero_point=-5)
+    m = qm.requant_multiplier(0.05, w_s, a.get("y_scale"))
+    y_zp = -5 if to_int8 else 0
+    out = np.empty((x.shape[0], c, ho, wo), np.int8 if to_int8 else np.float32)
+    kd.dw_conv_q.serial(out, x, w_q, b_q, m, x_zp, to_int8, float(y_zp),
+                        float(y_zp if relu else -128), relu, *s, *p, *d)
+    # the int8 padding holds x_zp, which the shift then cancels
+    acc = naive_dw(x, w_q, s, p, d, x_zp, x_zp) + b_q.astype(np.int64).reshape(1, -1, 1, 1)
+    if to_int8:
+        twin = _naive_requant(acc, m, y_zp, relu)
+    else:
+        twin = (acc * m.reshape(1, -1, 1, 1)).astype(np.float32)
+        twin = np.maximum(twin, np.float32(0)) if relu else twin
+    assert np.array_equal(out, twin)
+    assert np.array_equal(out, ref.conv2d(a, x, w_q, b_q, w_scale=w_s))
+
+
+@pytest.mark.parametrize("name", ["odd-width-37", "5x5-s2", "1x3-asym"])
+def test_dw_conv_int8_parallel_no_bias(name):
+    x, w_q, w_s, _, (c, s, p, d, ho, wo) = _int8_case(name, 3)
+    a = _attrs(c, s, p, d, x_scale=0.05, x_zero_point=3, activation="relu", y_scale=0.03,
+               y_zero_point=4)
+    out = np.empty((x.shape[0], c, ho, wo), np.int8)
+    kd.dw_conv_q(out, x, w_q, np.zeros(0, np.int32), qm.requant_multiplier(0.05, w_s, 0.03), 3,
+                 True, 4.0, 4.0, True, *s, *p, *d)
+    assert np.array_equal(out, ref.conv2d(a, x, w_q, w_scale=w_s))
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def _mobilenet_block(stride, rng):
+    """pointwise (expand, ReLU) -> depthwise 3x3 (ReLU) -> pointwise (project): MobileNetV2's
+    inverted residual without its residual add."""
+    from models import Builder
+
+    b = Builder((8, 40, 37), rng)
+    b.conv(8, 32, 1, activation="relu")
+    b.conv(32, 32, 3, groups=32, stride=[stride, stride], padding=[1, 1], activation="relu")
+    b.conv(32, 8, 1)
+    return b.graph(), b.params
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("n,threads", [(1, 1), (3, 2)])
+def test_engine_mobilenet_block(tmp_path, stride, int8, n, threads):
+    """The engine routes the depthwise conv to kernels_dw (fp32 and int8, from a real .bin) and
+    matches the reference: fp32 to float32 rounding, int8 bit for bit. At batch 3 on 2 threads
+    the depthwise call has the work to run on the pool (the parallel twin)."""
+    from models import quantize_sequential, save_model
+
+    from pocket.formats.container import read_container
+    from pocket.infer.engine import Engine
+
+    rng = np.random.default_rng(5 + stride)
+    g, p = _mobilenet_block(stride, rng)
+    x = rng.standard_normal((n, 8, 40, 37)).astype(np.float32)
+    quant = None
+    if int8:
+        g, p, quant = quantize_sequential(g, p, rng.standard_normal((4, 8, 40, 37)).astype(np.float32))
+    path = save_model(tmp_path / "block.bin", g, p, quant)
+    with Engine(path, max_batch=4, threads=threads) as eng:
+        eng._arena.fill(255)  # NaN as float32: a read of memory no call wrote shows
+        got = eng.run(x, copy=True)
+        table = {r["node"]: r["route"] for r in eng.routes()}
+    assert table["conv2d1"] == ("conv_depthwise_int8" if int8 else "conv_depthwise")
+    with read_container(path) as c:
+        want = ref.run_container(c, x)[c.graph.outputs[0]]
+    if int8:
+        assert np.array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
