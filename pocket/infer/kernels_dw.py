@@ -18,8 +18,8 @@ register. Every other geometry (7x7, 1x3, stride 3...) takes the border loop eve
 correct, not fast.
 
 Stride 2 reads x[2*ow + j]: LLVM vectorizes that as an interleaved load (two vector loads and
-a shuffle on x86, `ld2` on NEON); deinterleaving each input row into even and odd buffers first
-measured no faster (bench/dw.py) and would need scratch.
+a shuffle on x86, `ld2` on NEON). Deinterleaving each input row into even and odd buffers first
+has not been measured against it; it would need scratch.
 
 float32: the sum is float32 in tap order, bias first (the reference sums in float64 and rounds
 once: they differ by float32 rounding only). ReLU keeps NaN (NaN < 0 is false).
