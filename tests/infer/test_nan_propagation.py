@@ -28,8 +28,11 @@ def _conv_relu(b, c, o, k=3, **attrs):
 
 # name: (input shape, batch, build(b), {route: a kernel its plan calls}, Winograd)
 CASES = {
-    "direct": ((4, 7, 6), 2, lambda b: _conv_relu(b, 4, 4, groups=4),
+    # a channel multiplier (C/groups == 1, O == 2C): the direct loops
+    "direct": ((4, 7, 6), 2, lambda b: _conv_relu(b, 4, 8, groups=4),
                {"fma": "conv2d_direct", "blas": "conv2d_direct"}, False),
+    "depthwise": ((4, 7, 6), 2, lambda b: _conv_relu(b, 4, 4, groups=4),
+                  {"fma": "dw_conv", "blas": "dw_conv"}, False),
     "pointwise": ((5, 4, 6), 2, lambda b: _conv_relu(b, 5, 7, k=1), {"fma": "gemm", "blas": "bias_act"},
                   False),
     "grouped": ((4, 6, 6), 2, lambda b: _conv_relu(b, 4, 6, groups=2),
@@ -67,19 +70,11 @@ CASES = {
 }
 
 
-def _activate_propagates_nan() -> bool:
-    # kernels_fp32.activate (its ReLU) is fixed in another change of issue 21; until it lands,
-    # the routes that take their ReLU from it give 0 for NaN
-    return bool(np.isnan(kf.activate(np.nan, kf.ACT["relu"], 0.0)))
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_nan_propagates_like_the_reference(name, fp32_route):
     shape, n, build, kernels, winograd = CASES[name]
     if fp32_route not in kernels:
         pytest.skip(f"{name} is an AVX-512 route")
-    if name in ("direct", "relu_maxpool") and not _activate_propagates_nan():
-        pytest.xfail("kernels_fp32.activate still maps NaN to 0 (its fix is another change of issue 21)")
     rng = np.random.default_rng(len(name))
     b = Builder(shape, rng)
     build(b)
