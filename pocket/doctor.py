@@ -190,19 +190,14 @@ def gpu_report() -> dict:
         out["error"] = "CuPy is not installed"
         return out
     try:
-        import cupy
+        from pocket.train.backend import cuda_inventory  # the one module that imports CuPy
 
-        out["cupy"] = cupy.__version__
-        rt = cupy.cuda.runtime
-        v = rt.runtimeGetVersion()
-        out["cuda_runtime"] = f"{v // 1000}.{v % 1000 // 10}"
-        d = rt.driverGetVersion()
-        out["driver_cuda"] = f"{d // 1000}.{d % 1000 // 10}"
-        for i in range(rt.getDeviceCount()):
-            p = rt.getDeviceProperties(i)
-            name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
-            major, minor = int(p["major"]), int(p["minor"])
-            out["devices"].append({"index": i, "name": name, "memory_bytes": int(p["totalGlobalMem"]),
+        inv = cuda_inventory()
+        out.update(cupy=inv["cupy"], cuda_runtime=inv["cuda_runtime"], driver_cuda=inv["driver_cuda"])
+        for dev in inv["devices"]:
+            major, minor = dev["major"], dev["minor"]
+            out["devices"].append({"index": dev["index"], "name": dev["name"],
+                                   "memory_bytes": dev["memory_bytes"],
                                    "compute_capability": f"{major}.{minor}",
                                    "fp16_fast": _fp16_fast(major, minor)})
     except Exception as e:  # noqa: BLE001 - any CUDA failure is a finding to report, not a crash

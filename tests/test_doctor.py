@@ -166,3 +166,23 @@ def test_one_line_of_advice_per_problem():
                                      ((7, 5), True), ((8, 6), True), ((9, 0), True)])
 def test_fp16_speed_by_compute_capability(cc, fast):
     assert dr._fp16_fast(*cc) is fast
+
+
+def test_gpu_report_reads_cupy_through_the_backend(monkeypatch):
+    """The CuPy facts come from train/backend.py (the one module that imports CuPy): a stand-in
+    cupy with one sm_61 card is reported with its memory, capability and slow fp16."""
+    import importlib.machinery
+    import types
+
+    fake = types.ModuleType("cupy")
+    fake.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
+    fake.__version__ = "14.2.0"
+    props = {"name": b"GeForce GTX 1060", "totalGlobalMem": 6 << 30, "major": 6, "minor": 1}
+    runtime = types.SimpleNamespace(runtimeGetVersion=lambda: 12040, driverGetVersion=lambda: 12060,
+                                    getDeviceCount=lambda: 1, getDeviceProperties=lambda i: props)
+    fake.cuda = types.SimpleNamespace(runtime=runtime)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    g = dr.gpu_report()
+    assert g["error"] is None and g["cupy"] == "14.2.0" and g["cuda_runtime"] == "12.4"
+    assert g["devices"] == [{"index": 0, "name": "GeForce GTX 1060", "memory_bytes": 6 << 30,
+                             "compute_capability": "6.1", "fp16_fast": dr._fp16_fast(6, 1)}]

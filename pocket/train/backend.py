@@ -39,6 +39,24 @@ def _import_cupy():
     return _cupy_cache[0], _cupy_cache[1]
 
 
+def cuda_inventory() -> dict:
+    """What `pocket doctor` reports of CUDA: CuPy's version, the CUDA runtime and driver
+    versions, and each visible device (index, name, memory, compute capability). Raises what
+    CuPy raises when CUDA is not usable; ImportError without CuPy."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    v, d = rt.runtimeGetVersion(), rt.driverGetVersion()
+    devices = []
+    for i in range(rt.getDeviceCount()):
+        p = rt.getDeviceProperties(i)
+        name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+        devices.append({"index": i, "name": name, "memory_bytes": int(p["totalGlobalMem"]),
+                        "major": int(p["major"]), "minor": int(p["minor"])})
+    return {"cupy": cupy.__version__, "cuda_runtime": f"{v // 1000}.{v % 1000 // 10}",
+            "driver_cuda": f"{d // 1000}.{d % 1000 // 10}", "devices": devices}
+
+
 def tf32_enabled() -> bool:
     """TF32 (a 10-bit mantissa inside fp32 GEMMs and convolutions on Ampere and newer) is off
     unless POCKET_TF32=1: fp32 training then means fp32 on every card."""
