@@ -15,6 +15,9 @@ The stages hang their implementations on the entries by name, in slots (`SLOTS`)
     onnx_import  (none yet)
     engine       infer/lowering.py      the builder of the node's bound kernel calls
 
+The core entries are below; an op family lives in a module of its own (`ops_<family>.py`,
+written against `opschema`, listing `ENTRIES`) that this module imports into OPS.
+
 `register(slot, name)` raises for a name the registry does not know, so a typo fails at import;
 `missing(name)` says which slots an op still lacks (tests/formats/test_registry.py walks every
 op with it). Everything else that needs a list of ops (the engine's supported ops, the
@@ -27,223 +30,116 @@ where the dim passes through unchanged. This module imports nothing from `ir`, w
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from pocket.formats.errors import FormatError
-from pocket.formats.quant import SCALE_RULE, is_scale
-
-SLOTS = ("reference", "train", "trace", "onnx_export", "onnx_import", "engine")
-
-# int8 policies: what an op does in an int8 graph (DESIGN §6, export/quantize.py).
-INT8_LAYER = "layer"  # reads int8 activations with int8 weights (conv2d, linear)
-INT8_PASS = "pass"  # passes int8 through unchanged (max commutes with a monotone quantizer)
-INT8_FUSE = "fuse"  # fuses into an int8 layer's requantization (relu: a clamp at y_zero_point)
-INT8_F32 = "f32"  # stays f32 between dequantize and quantize; a layer fusing it stays fp32
-INT8_QDQ = "qdq"  # quantize / dequantize: the edges of int8 regions
-
-Dim = int | str
-Shape = tuple[Dim, ...]
-Out = list[tuple[str, Shape]]
-
-# --------------------------------------------------------------------------- attribute schema
-
-_MISSING = object()
-
-
-@dataclass(frozen=True)
-class Attr:
-    # "int", "float", "bool", "str", "ints2" (pair of ints), "ints" (list of ints), "scale" (a
-    # quantization scale: quant.is_scale, a positive finite normal float32)
-    kind: str
-    default: Any = _MISSING
-    choices: tuple = ()
-
-    @property
-    def required(self) -> bool:
-        return self.default is _MISSING
-
-
-def check_attr(where: str, name: str, spec: Attr, value: Any) -> Any:
-    """value, checked against spec (and normalized: an int for ints2 becomes a pair)."""
-
-    def bad(what: str) -> FormatError:
-        shown = repr(value)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        return FormatError(f"{where}: attribute '{name}' {what}, got {shown}")
-
-    if spec.kind in ("float", "scale"):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad("must be a number")
-        try:
-            value = float(value)
-        except OverflowError:
-            raise bad("must be finite") from None
-        if not math.isfinite(value):
-            raise bad("must be finite")
-        if spec.kind == "scale" and not is_scale(value):
-            raise bad(f"must be {SCALE_RULE}")
-    elif spec.kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("must be an integer")
-    elif spec.kind == "bool":
-        if not isinstance(value, bool):
-            raise bad("must be true or false")
-    elif spec.kind == "str":
-        if not isinstance(value, str):
-            raise bad("must be a string")
-    elif spec.kind in ("ints2", "ints"):
-        if isinstance(value, int) and not isinstance(value, bool) and spec.kind == "ints2":
-            value = [value, value]
-        if not isinstance(value, list | tuple) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        ):
-            raise bad("must be a list of integers")
-        if spec.kind == "ints2" and len(value) != 2:
-            raise bad("must be two integers [height, width]")
-        value = [int(v) for v in value]
-    if spec.choices and value not in spec.choices:
-        raise bad(f"must be one of {', '.join(map(str, spec.choices))}")
-    return value
-
+from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages use ops.X)
+    INT8_ATTRS,
+    INT8_F32,
+    INT8_FUSE,
+    INT8_LAYER,
+    INT8_PASS,
+    INT8_QDQ,
+    POOL_ATTRS,
+    QDQ_ATTRS,
+    SLOTS,
+    Attr,
+    Dim,
+    Fusion,
+    Onnx,
+    Op,
+    Out,
+    Shape,
+    broadcast,
+    check_attr,
+    check_qparams,
+    check_weights,
+    check_x_dtype,
+    conv_out,
+    infer_passthrough,
+    infer_unary_f32,
+    is_int8_node,
+    need,
+    norm_axis,
+    out_dtype,
+    prod_dims,
+)
 
 # --------------------------------------------------------------------------- shape inference
 
-
-def _is_int8_node(node) -> bool:
-    return "x_scale" in node.attrs
-
-
-def _need(cond: bool, where: str, what: str) -> None:
-    if not cond:
-        raise FormatError(f"{where}: {what}")
-
-
-def _out_dtype(node) -> str:
-    if _is_int8_node(node):
-        return "i8" if "y_scale" in node.attrs else "f32"
-    return "f32"
-
-
-def _check_x_dtype(node, x, where: str) -> None:
-    want = "i8" if _is_int8_node(node) else "f32"
-    _need(x.dtype == want, where, f"input '{node.inputs[0]}' must be {want}, got {x.dtype}")
-
-
-def _check_weights(node, ins, where: str, out_features: int) -> None:
-    w = ins[1]
-    int8 = _is_int8_node(node)
-    _need(w.dtype == ("i8" if int8 else "f32"), where,
-          f"weight '{node.inputs[1]}' must be {'i8' if int8 else 'f32'}, got {w.dtype}")
-    if len(ins) > 2:
-        b = ins[2]
-        _need(b.dtype == ("i32" if int8 else "f32"), where,
-              f"bias '{node.inputs[2]}' must be {'i32' if int8 else 'f32'}, got {b.dtype}")
-        _need(tuple(b.shape) == (out_features,), where,
-              f"bias '{node.inputs[2]}' must have shape [{out_features}], got {list(b.shape)}")
-
-
-def _conv_out(size: Dim, k: int, s: int, p: int, d: int, where: str, axis: str) -> int:
-    _need(isinstance(size, int), where, f"spatial {axis} must be a fixed integer")
-    out = (size + 2 * p - d * (k - 1) - 1) // s + 1
-    _need(out >= 1, where, f"output {axis} would be {out} (input {size}, kernel {k}, "
-          f"stride {s}, padding {p}, dilation {d}); make the input larger or the kernel smaller")
-    return out
-
-
 def _infer_linear(node, ins, where: str) -> Out:
     x, w = ins[0], ins[1]
-    _check_x_dtype(node, x, where)
-    _need(len(x.shape) == 2, where, f"input must be 2-D (N, features), got {list(x.shape)}")
-    _need(len(w.shape) == 2, where, f"weight must be 2-D [out, in], got {list(w.shape)}")
-    _need(x.shape[1] == w.shape[1], where,
-          f"input has {x.shape[1]} features but weight expects {w.shape[1]}")
-    _check_weights(node, ins, where, w.shape[0])
-    return [(_out_dtype(node), (x.shape[0], w.shape[0]))]
+    check_x_dtype(node, x, where)
+    need(len(x.shape) == 2, where, f"input must be 2-D (N, features), got {list(x.shape)}")
+    need(len(w.shape) == 2, where, f"weight must be 2-D [out, in], got {list(w.shape)}")
+    need(x.shape[1] == w.shape[1], where,
+         f"input has {x.shape[1]} features but weight expects {w.shape[1]}")
+    check_weights(node, ins, where, w.shape[0])
+    return [(out_dtype(node), (x.shape[0], w.shape[0]))]
 
 
 def _infer_conv2d(node, ins, where: str) -> Out:
     x, w = ins[0], ins[1]
     a = node.attrs
-    _check_x_dtype(node, x, where)
-    _need(len(x.shape) == 4, where, f"input must be 4-D (N, C, H, W), got {list(x.shape)}")
-    _need(len(w.shape) == 4, where, f"weight must be 4-D [O, C/groups, kh, kw], got {list(w.shape)}")
+    check_x_dtype(node, x, where)
+    need(len(x.shape) == 4, where, f"input must be 4-D (N, C, H, W), got {list(x.shape)}")
+    need(len(w.shape) == 4, where, f"weight must be 4-D [O, C/groups, kh, kw], got {list(w.shape)}")
     g = a["groups"]
-    _need(g >= 1, where, "groups must be >= 1")
+    need(g >= 1, where, "groups must be >= 1")
     c, o = x.shape[1], w.shape[0]
-    _need(isinstance(c, int) and c % g == 0 and o % g == 0, where,
-          f"channels in ({c}) and out ({o}) must both be divisible by groups ({g})")
-    _need(w.shape[1] * g == c, where,
-          f"weight expects {w.shape[1] * g} input channels but the input has {c}")
-    _check_weights(node, ins, where, o)
+    need(isinstance(c, int) and c % g == 0 and o % g == 0, where,
+         f"channels in ({c}) and out ({o}) must both be divisible by groups ({g})")
+    need(w.shape[1] * g == c, where,
+         f"weight expects {w.shape[1] * g} input channels but the input has {c}")
+    check_weights(node, ins, where, o)
     s, p, d = a["stride"], a["padding"], a["dilation"]
-    _need(min(s) >= 1 and min(d) >= 1 and min(p) >= 0, where,
-          "stride and dilation must be >= 1, padding >= 0")
-    ho = _conv_out(x.shape[2], w.shape[2], s[0], p[0], d[0], where, "height")
-    wo = _conv_out(x.shape[3], w.shape[3], s[1], p[1], d[1], where, "width")
-    return [(_out_dtype(node), (x.shape[0], o, ho, wo))]
+    need(min(s) >= 1 and min(d) >= 1 and min(p) >= 0, where,
+         "stride and dilation must be >= 1, padding >= 0")
+    ho = conv_out(x.shape[2], w.shape[2], s[0], p[0], d[0], where, "height")
+    wo = conv_out(x.shape[3], w.shape[3], s[1], p[1], d[1], where, "width")
+    return [(out_dtype(node), (x.shape[0], o, ho, wo))]
 
 
 def _infer_batchnorm(node, ins, where: str) -> Out:
     x = ins[0]
-    _need(x.dtype == "f32", where, "batchnorm runs on f32")
-    _need(len(x.shape) in (2, 4), where, f"input must be (N, C) or (N, C, H, W), got {list(x.shape)}")
+    need(x.dtype == "f32", where, "batchnorm runs on f32")
+    need(len(x.shape) in (2, 4), where, f"input must be (N, C) or (N, C, H, W), got {list(x.shape)}")
     for name, p in zip(node.inputs[1:], ins[1:]):
-        _need(tuple(p.shape) == (x.shape[1],), where,
-              f"'{name}' must have shape [{x.shape[1]}], got {list(p.shape)}")
+        need(tuple(p.shape) == (x.shape[1],), where,
+             f"'{name}' must have shape [{x.shape[1]}], got {list(p.shape)}")
     return [("f32", x.shape)]
-
-
-def infer_unary_f32(node, ins, where: str) -> Out:
-    """An elementwise f32 op: the output is the input's shape."""
-    _need(ins[0].dtype == "f32", where, f"{node.op} runs on f32, got {ins[0].dtype}")
-    return [("f32", ins[0].shape)]
-
-
-def _infer_passthrough(node, ins, where: str) -> Out:
-    return [(ins[0].dtype, ins[0].shape)]
 
 
 def _infer_pool(node, ins, where: str) -> Out:
     x = ins[0]
     a = node.attrs
     ok = ("f32", "i8") if OPS[node.op].int8 == INT8_PASS else ("f32",)
-    _need(x.dtype in ok, where, f"{node.op} runs on {' or '.join(ok)}, got {x.dtype}")
-    _need(len(x.shape) == 4, where, f"input must be 4-D (N, C, H, W), got {list(x.shape)}")
+    need(x.dtype in ok, where, f"{node.op} runs on {' or '.join(ok)}, got {x.dtype}")
+    need(len(x.shape) == 4, where, f"input must be 4-D (N, C, H, W), got {list(x.shape)}")
     k = a["kernel"]
     s = a.get("stride") or k
     p = a["padding"]
-    _need(min(k) >= 1 and min(s) >= 1 and min(p) >= 0, where,
-          "kernel and stride must be >= 1, padding >= 0")
-    _need(p[0] * 2 <= k[0] and p[1] * 2 <= k[1], where, "padding must be at most half the kernel")
-    ho = _conv_out(x.shape[2], k[0], s[0], p[0], 1, where, "height")
-    wo = _conv_out(x.shape[3], k[1], s[1], p[1], 1, where, "width")
+    need(min(k) >= 1 and min(s) >= 1 and min(p) >= 0, where,
+         "kernel and stride must be >= 1, padding >= 0")
+    need(p[0] * 2 <= k[0] and p[1] * 2 <= k[1], where, "padding must be at most half the kernel")
+    ho = conv_out(x.shape[2], k[0], s[0], p[0], 1, where, "height")
+    wo = conv_out(x.shape[3], k[1], s[1], p[1], 1, where, "width")
     return [(x.dtype, (x.shape[0], x.shape[1], ho, wo))]
 
 
 def _infer_global_avgpool(node, ins, where: str) -> Out:
     x = ins[0]
-    _need(x.dtype == "f32", where, f"global_avgpool runs on f32, got {x.dtype}")
-    _need(len(x.shape) == 4, where, f"input must be 4-D (N, C, H, W), got {list(x.shape)}")
+    need(x.dtype == "f32", where, f"global_avgpool runs on f32, got {x.dtype}")
+    need(len(x.shape) == 4, where, f"input must be 4-D (N, C, H, W), got {list(x.shape)}")
     return [("f32", (x.shape[0], x.shape[1], 1, 1))]
-
-
-def _prod(dims) -> Dim:
-    out = 1
-    for d in dims:
-        if not isinstance(d, int):
-            return "?"
-        out *= d
-    return out
 
 
 def _infer_flatten(node, ins, where: str) -> Out:
     x = ins[0]
-    _need(len(x.shape) >= 2, where, f"input must have at least 2 dims, got {list(x.shape)}")
-    rest = _prod(x.shape[1:])
-    _need(isinstance(rest, int), where, "dims after the batch must be fixed integers")
+    need(len(x.shape) >= 2, where, f"input must have at least 2 dims, got {list(x.shape)}")
+    rest = prod_dims(x.shape[1:])
+    need(isinstance(rest, int), where, "dims after the batch must be fixed integers")
     return [(x.dtype, (x.shape[0], rest))]
 
 
@@ -251,54 +147,35 @@ def _infer_reshape(node, ins, where: str) -> Out:
     # `shape` excludes the batch dim, which always passes through; one entry may be -1.
     x = ins[0]
     shape = list(node.attrs["shape"])
-    have = _prod(x.shape[1:])
-    _need(isinstance(have, int), where, "dims after the batch must be fixed integers")
-    _need(shape.count(-1) <= 1 and all(d == -1 or d >= 1 for d in shape), where,
-          f"shape {shape} may hold positive sizes and at most one -1")
-    known = _prod([d for d in shape if d != -1])
+    have = prod_dims(x.shape[1:])
+    need(isinstance(have, int), where, "dims after the batch must be fixed integers")
+    need(shape.count(-1) <= 1 and all(d == -1 or d >= 1 for d in shape), where,
+         f"shape {shape} may hold positive sizes and at most one -1")
+    known = prod_dims([d for d in shape if d != -1])
     if -1 in shape:
-        _need(known > 0 and have % known == 0, where, f"cannot reshape {have} values to {shape}")
+        need(known > 0 and have % known == 0, where, f"cannot reshape {have} values to {shape}")
         shape[shape.index(-1)] = have // known
-    _need(_prod(shape) == have, where, f"cannot reshape {list(x.shape[1:])} to {shape}")
+    need(prod_dims(shape) == have, where, f"cannot reshape {list(x.shape[1:])} to {shape}")
     return [(x.dtype, (x.shape[0], *shape))]
-
-
-def _broadcast(a: Shape, b: Shape, where: str) -> Shape:
-    out = []
-    for i in range(max(len(a), len(b))):
-        da = a[len(a) - 1 - i] if i < len(a) else 1
-        db = b[len(b) - 1 - i] if i < len(b) else 1
-        if da == db or db == 1:
-            out.append(da)
-        elif da == 1:
-            out.append(db)
-        else:
-            raise FormatError(f"{where}: shapes {list(a)} and {list(b)} do not broadcast")
-    return tuple(reversed(out))
 
 
 def _infer_add(node, ins, where: str) -> Out:
     a, b = ins
-    _need(a.dtype == b.dtype == "f32", where, f"add runs on f32, got {a.dtype} and {b.dtype}")
-    return [("f32", _broadcast(a.shape, b.shape, where))]
-
-
-def _axis(axis: int, ndim: int, where: str) -> int:
-    _need(-ndim <= axis < ndim, where, f"axis {axis} is out of range for {ndim} dims")
-    return axis % ndim
+    need(a.dtype == b.dtype == "f32", where, f"add runs on f32, got {a.dtype} and {b.dtype}")
+    return [("f32", broadcast(a.shape, b.shape, where))]
 
 
 def _infer_concat(node, ins, where: str) -> Out:
     first = ins[0]
-    ax = _axis(node.attrs["axis"], len(first.shape), where)
-    _need(ax != 0, where, "concat along the batch axis is not supported")
+    ax = norm_axis(node.attrs["axis"], len(first.shape), where)
+    need(ax != 0, where, "concat along the batch axis is not supported")
     total = 0
     for name, v in zip(node.inputs, ins):
-        _need(v.dtype == first.dtype, where, f"'{name}' has dtype {v.dtype}, expected {first.dtype}")
-        _need(len(v.shape) == len(first.shape) and all(
+        need(v.dtype == first.dtype, where, f"'{name}' has dtype {v.dtype}, expected {first.dtype}")
+        need(len(v.shape) == len(first.shape) and all(
             i == ax or v.shape[i] == first.shape[i] for i in range(len(v.shape))
         ), where, f"'{name}' shape {list(v.shape)} does not match {list(first.shape)} off axis {ax}")
-        _need(isinstance(v.shape[ax], int), where, "concat axis must be a fixed size")
+        need(isinstance(v.shape[ax], int), where, "concat axis must be a fixed size")
         total += v.shape[ax]
     shape = list(first.shape)
     shape[ax] = total
@@ -306,83 +183,25 @@ def _infer_concat(node, ins, where: str) -> Out:
 
 
 def _infer_softmax(node, ins, where: str) -> Out:
-    _axis(node.attrs["axis"], len(ins[0].shape), where)
+    norm_axis(node.attrs["axis"], len(ins[0].shape), where)
     return infer_unary_f32(node, ins, where)
 
 
 def _infer_quantize(node, ins, where: str) -> Out:
-    _need(ins[0].dtype == "f32", where, f"quantize reads f32, got {ins[0].dtype}")
-    _check_qparams(node.attrs, "", where)
+    need(ins[0].dtype == "f32", where, f"quantize reads f32, got {ins[0].dtype}")
+    check_qparams(node.attrs, "", where)
     return [("i8", ins[0].shape)]
 
 
 def _infer_dequantize(node, ins, where: str) -> Out:
-    _need(ins[0].dtype == "i8", where, f"dequantize reads i8, got {ins[0].dtype}")
-    _check_qparams(node.attrs, "", where)
+    need(ins[0].dtype == "i8", where, f"dequantize reads i8, got {ins[0].dtype}")
+    check_qparams(node.attrs, "", where)
     return [("f32", ins[0].shape)]
 
-
-def _check_qparams(attrs: Mapping[str, Any], prefix: str, where: str) -> None:
-    scale = attrs.get(prefix + "scale")
-    zp = attrs.get(prefix + "zero_point")
-    _need(scale is not None and scale > 0, where, f"'{prefix}scale' must be a positive number")
-    _need(zp is not None and -128 <= zp <= 127, where, f"'{prefix}zero_point' must be in [-128, 127]")
 
 
 # --------------------------------------------------------------------------- the entries
 
-
-@dataclass(frozen=True)
-class Fusion:
-    """How an elementwise op moves into conv2d/linear's `activation` attr (export fuses it).
-
-    The attrs named in `attrs` travel onto the layer under the same names; any other attr of
-    the op must be at its default for the op to fuse (the layer has nowhere to keep it).
-    """
-
-    code: int  # its code in infer/kernels_fp32.activate, fused or standalone
-    monotone: bool  # non-decreasing, so a maxpool after it commutes (leaky_relu: alpha >= 0)
-    attrs: tuple[str, ...] = ()
-    variant_codes: Mapping[str, int] = field(default_factory=dict)  # kernel codes of variants
-    # that do not fuse (gelu's tanh approximation), by their name in kernels_fp32.ACT
-
-
-@dataclass(frozen=True)
-class Onnx:
-    """An op that exports as exactly one ONNX node (opset 17): its type and attributes.
-
-    attrs: constant ONNX attributes; from_attrs: ONNX attribute -> the IR attr it copies.
-    """
-
-    op_type: str
-    attrs: Mapping[str, Any] = field(default_factory=dict)
-    from_attrs: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Op:
-    name: str
-    min_inputs: int
-    max_inputs: int
-    attrs: dict[str, Attr]
-    infer: Callable[[Any, list, str], Out]
-    doc: str = ""
-    fusion: Fusion | None = None
-    int8: str = INT8_F32
-    onnx: Onnx | None = None  # None: export/onnx_export.py writes its own expansion
-    trainable: bool = True  # train has a forward/backward for it
-    traceable: bool = True  # a train layer traces to it on its own
-    impls: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-
-_INT8 = {
-    "x_scale": Attr("scale", None),
-    "x_zero_point": Attr("int", None),
-    "y_scale": Attr("scale", None),
-    "y_zero_point": Attr("int", None),
-}
-_POOL = {"kernel": Attr("ints2"), "stride": Attr("ints2", None), "padding": Attr("ints2", [0, 0])}
-_QDQ = {"scale": Attr("scale"), "zero_point": Attr("int")}
 
 _ACTIVATIONS = [
     Op("relu", 1, 1, {}, infer_unary_f32, "max(x, 0); NaN stays NaN",
@@ -403,7 +222,7 @@ _ACTIVATIONS = [
 ]
 # What conv2d/linear's `activation` attr may hold.
 FUSED = ("none", *(op.name for op in _ACTIVATIONS))
-_LAYER = {"activation": Attr("str", "none", FUSED), "alpha": Attr("float", 0.01), **_INT8}
+_LAYER = {"activation": Attr("str", "none", FUSED), "alpha": Attr("float", 0.01), **INT8_ATTRS}
 
 OPS: dict[str, Op] = {
     op.name: op
@@ -418,9 +237,9 @@ OPS: dict[str, Op] = {
         Op("batchnorm", 5, 5, {"eps": Attr("float", 1e-5)}, _infer_batchnorm,
            "inputs x, gamma, beta, running_mean, running_var; normalizes over axis 1"),
         *_ACTIVATIONS,
-        Op("maxpool2d", 1, 1, dict(_POOL), _infer_pool,
+        Op("maxpool2d", 1, 1, dict(POOL_ATTRS), _infer_pool,
            "padding counts as -inf; stride defaults to the kernel", int8=INT8_PASS),
-        Op("avgpool2d", 1, 1, {**_POOL, "count_include_pad": Attr("bool", True)}, _infer_pool),
+        Op("avgpool2d", 1, 1, {**POOL_ATTRS, "count_include_pad": Attr("bool", True)}, _infer_pool),
         Op("global_avgpool", 1, 1, {}, _infer_global_avgpool, "(N, C, H, W) -> (N, C, 1, 1)",
            onnx=Onnx("GlobalAveragePool")),
         Op("flatten", 1, 1, {}, _infer_flatten, "(N, ...) -> (N, prod(...))", int8=INT8_PASS,
@@ -433,17 +252,27 @@ OPS: dict[str, Op] = {
            traceable=False),
         Op("concat", 1, 64, {"axis": Attr("int", 1)}, _infer_concat,
            onnx=Onnx("Concat", from_attrs={"axis": "axis"}), traceable=False),
-        Op("dropout", 1, 1, {"p": Attr("float", 0.5)}, _infer_passthrough,
+        Op("dropout", 1, 1, {"p": Attr("float", 0.5)}, infer_passthrough,
            "identity at inference", int8=INT8_PASS, onnx=Onnx("Identity")),
         Op("softmax", 1, 1, {"axis": Attr("int", -1)}, _infer_softmax,
            onnx=Onnx("Softmax", from_attrs={"axis": "axis"})),
-        Op("quantize", 1, 1, dict(_QDQ), _infer_quantize,
+        Op("quantize", 1, 1, dict(QDQ_ATTRS), _infer_quantize,
            "q = clip(round_half_even(x / scale) + zero_point, -128, 127)", int8=INT8_QDQ,
            trainable=False, traceable=False),
-        Op("dequantize", 1, 1, dict(_QDQ), _infer_dequantize, "x = (q - zero_point) * scale",
+        Op("dequantize", 1, 1, dict(QDQ_ATTRS), _infer_dequantize, "x = (q - zero_point) * scale",
            int8=INT8_QDQ, trainable=False, traceable=False),
     ]
 }
+
+
+# Op families live in modules of their own (`ops_<family>.py`, written against opschema alone),
+# each listing its entries in ENTRIES: import the module here and name it in _FAMILIES.
+_FAMILIES: tuple = ()
+for _family in _FAMILIES:
+    for _op in _family.ENTRIES:
+        if _op.name in OPS:
+            raise ValueError(f"op {_op.name!r} of {_family.__name__} is already in the registry")
+        OPS[_op.name] = _op
 
 
 # --------------------------------------------------------------------------- registration
@@ -574,9 +403,9 @@ def normalize_attrs(node, where: str) -> dict[str, Any]:
         elif spec.default is not None:
             out[name] = list(spec.default) if isinstance(spec.default, list) else spec.default
     if "x_scale" in out:
-        _check_qparams(out, "x_", where)
+        check_qparams(out, "x_", where)
         if "y_scale" in out or "y_zero_point" in out:
-            _check_qparams(out, "y_", where)
+            check_qparams(out, "y_", where)
         if not int8_fuses(out.get("activation", "none")):
             raise FormatError(f"{where}: an int8 node can fuse only "
                               f"{', '.join(with_int8(INT8_FUSE))}, not {out['activation']}")

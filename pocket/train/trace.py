@@ -19,7 +19,11 @@ class TraceError(PocketError):
     """A model holds a layer the graph IR cannot express."""
 
 
-class _Builder:
+class Builder:
+    """What a trace function writes into: `param(name)` declares a state_dict entry as a graph
+    param and returns its value name; `node(name, op, inputs, **attrs)` appends a node (the name
+    made unique) and returns its output value name."""
+
     def __init__(self, state: dict[str, np.ndarray]):
         self.state = state
         self.nodes: list[Node] = []
@@ -47,9 +51,11 @@ def _p(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _trace_module(b: _Builder, m: nn.Module, prefix: str, x: str) -> str:
+def _trace_module(b: Builder, m: nn.Module, prefix: str, x: str) -> str:
     # Containers by type; a layer by the IR op it names, through the registry.
-    fn = next((f for cls, f in _CONTAINERS.items() if isinstance(m, cls)), None)
+    # The exact type first, so that a registered subclass of Sequential wins over Sequential.
+    fn = _CONTAINERS.get(type(m)) or next(
+        (f for cls, f in _CONTAINERS.items() if isinstance(m, cls)), None)
     if fn is None and m.op is not None:
         fn = ops.OPS[m.op].impls.get("trace") if m.op in ops.OPS else None
     if fn is None:
@@ -118,6 +124,26 @@ def _elementwise(b, m, prefix, x):
 
 
 _CONTAINERS = {nn.Sequential: _sequential, nn.ResidualBlock: _residual}
+
+
+def register_module(cls: type[nn.Module]):
+    """Decorator: `fn(builder, module, prefix, x) -> value name` traces every `cls` module.
+
+    This is how a custom module becomes traceable: its function emits IR nodes through the
+    `Builder` (calling `trace_module` for child modules) and returns the name of its output.
+
+        @register_module(MyBlock)
+        def _my_block(b, m, prefix, x):
+            y = trace_module(b, m.body, f"{prefix}.body", x)
+            return b.node(f"{prefix}.add", "add", [x, y])
+    """
+    def deco(fn):
+        _CONTAINERS[cls] = fn
+        return fn
+    return deco
+
+
+trace_module = _trace_module
 ops.register_table("trace", {
     "linear": _linear, "conv2d": _conv2d, "batchnorm": _batchnorm, "maxpool2d": _maxpool,
     "avgpool2d": _avgpool, "flatten": _flatten, "dropout": _elementwise,
@@ -133,7 +159,7 @@ def trace(model: nn.Module, input_shape, metadata: dict | None = None,
     input_shape excludes the batch, which becomes the symbol "N".
     """
     state = {k: np.asarray(backend.to_numpy(v)) for k, v in model.state_dict().items()}
-    b = _Builder(state)
+    b = Builder(state)
     out = _trace_module(b, model, "", input_name)
     if out == input_name:
         raise TraceError("the model has no layers to trace")
