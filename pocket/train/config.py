@@ -138,6 +138,14 @@ def _suggest(word: str, options) -> str:
     return f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(options)}"
 
 
+def _model_options(values: dict) -> dict:
+    """The named zoo model's own [model] keys and defaults (models.register_model)."""
+    from pocket.train import models  # here: the config reads cheaply without the layer code
+
+    name = values.get("name", DEFAULTS["model"]["name"])
+    return models.model_options(name) if isinstance(name, str) else {}
+
+
 def _check_type(where: str, default: Any, value: Any) -> Any:
     if default is None or value is None:
         return value
@@ -254,10 +262,14 @@ def merge(raw: dict, where: str = "config") -> dict:
                               f"{_suggest(str(section), DEFAULTS)}")
         if not isinstance(values, dict):
             raise ConfigError(f"{where}: [{section}] must be a table of keys")
+        own = _model_options(values) if section == "model" else {}
         for key, value in values.items():
+            if key in own:
+                cfg[section][key] = _check_type(f"{where}: [model] {key}", own[key], value)
+                continue
             if key not in DEFAULTS[section]:
                 raise ConfigError(f"{where}: unknown key '{key}' in [{section}]"
-                                  f"{_suggest(str(key), DEFAULTS[section])}")
+                                  f"{_suggest(str(key), {**DEFAULTS[section], **own})}")
             if (section, key) in OPTIONAL_TYPES:
                 value = _check_optional(f"{where}: [{section}] {key}",
                                         OPTIONAL_TYPES[section, key], value)

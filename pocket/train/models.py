@@ -7,6 +7,8 @@ turn it into the graph IR without running Python it does not understand.
 from __future__ import annotations
 
 import difflib
+import inspect
+from collections.abc import Callable
 
 import numpy as np
 
@@ -107,7 +109,38 @@ def resnet(input_shape, num_outputs, *, channels=None, width=None, rng=None, **_
     return nn.Sequential(*layers)
 
 
-ZOO = {"mlp": mlp, "mlp_regressor": mlp_regressor, "cnn": cnn, "vgg": vgg, "resnet": resnet}
+ZOO: dict[str, Callable] = {"mlp": mlp, "mlp_regressor": mlp_regressor, "cnn": cnn, "vgg": vgg,
+                            "resnet": resnet}
+# Zoo models that need (C, H, W) input, and the input rank of the others that need one.
+INPUT_RANK: dict[str, int] = {"cnn": 3, "vgg": 3, "resnet": 3}
+# The [model] keys every zoo model may take (config.DEFAULTS has them); others are a model's own.
+COMMON_OPTIONS = ("hidden", "channels", "dropout", "batchnorm", "width")
+
+
+def register_model(name: str, *, input_rank: int | None = None):
+    """Decorator: a zoo model `fn(input_shape, num_outputs, *, rng=None, **options)`.
+
+    Its keyword-only arguments besides `rng` are its [model] options: a config may set them
+    as keys of [model] (checked against the defaults' types), e.g. `width_mult = 0.5`.
+    `input_rank` (3 for images) makes a config with other input fail with a clear line.
+    """
+    def deco(fn):
+        if name in ZOO:
+            raise ValueError(f"zoo model {name!r} is registered twice")
+        ZOO[name] = fn
+        if input_rank is not None:
+            INPUT_RANK[name] = input_rank
+        return fn
+    return deco
+
+
+def model_options(name: str) -> dict:
+    """A zoo model's own [model] options and their defaults (COMMON_OPTIONS excluded)."""
+    fn = ZOO.get(name)
+    if fn is None:
+        return {}
+    return {p.name: p.default for p in inspect.signature(fn).parameters.values()
+            if p.kind is p.KEYWORD_ONLY and p.name != "rng" and p.name not in COMMON_OPTIONS}
 
 
 # --------------------------------------------------------------------------- layer lists
@@ -123,6 +156,24 @@ _LAYER_KEYS = {
     "flatten": set(), "dropout": {"p"}, "residual": {"out", "stride"},
     **{op: set(ops.OPS[op].attrs) for op in nn.ELEMENTWISE},
 }
+
+
+# Layer-list kinds that families add: kind -> fn(spec, shape, num_outputs, last, rng)
+# returning (module, output shape without the batch).
+_BUILDERS: dict[str, Callable] = {}
+
+
+def register_layer(kind: str, keys: set[str] | frozenset[str] = frozenset()):
+    """Decorator: a layer-list kind `{type = kind, ...}` taking `keys`, built by `fn(spec,
+    shape, num_outputs, last, rng) -> (module, out_shape)`; `last` is whether it is the head.
+    A ValueError or TypeError it raises becomes the config's error line, naming the layer."""
+    def deco(fn):
+        if kind in _LAYER_KEYS:
+            raise ValueError(f"layer kind {kind!r} is registered twice")
+        _LAYER_KEYS[kind] = set(keys)
+        _BUILDERS[kind] = fn
+        return fn
+    return deco
 
 
 def _out_hw(size: int, k: int, s: int, p: int, d: int = 1) -> int:
@@ -161,6 +212,8 @@ def from_layers(input_shape, num_outputs, layers: list[dict], rng=None) -> nn.Se
 
 
 def _layer(kind, spec, shape, num_outputs, last, rng):
+    if kind in _BUILDERS:
+        return _BUILDERS[kind](spec, shape, num_outputs, last, rng)
     if kind == "linear":
         if len(shape) != 1:
             raise ValueError("linear needs a flat input; add {type = \"flatten\"} before it")
@@ -244,10 +297,12 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
         close = difflib.get_close_matches(str(name), ZOO, n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(ZOO)}"
         raise ModelError(f"unknown model {name!r}; {hint} (or give [model] layers = [...])")
-    if name in ("cnn", "vgg", "resnet") and len(input_shape) != 3:
-        raise ModelError(f"model {name!r} needs image input (C, H, W), but the data has shape "
+    rank = INPUT_RANK.get(name)
+    if rank is not None and len(input_shape) != rank:
+        what = "image input (C, H, W)" if rank == 3 else f"input of rank {rank}"
+        raise ModelError(f"model {name!r} needs {what}, but the data has shape "
                          f"{list(input_shape)}; use mlp or mlp_regressor")
-    kwargs = {k: model_cfg[k] for k in ("hidden", "channels", "dropout", "batchnorm", "width")
-              if model_cfg.get(k) is not None}
+    kwargs = {k: model_cfg[k] for k in COMMON_OPTIONS if model_cfg.get(k) is not None}
     _check_zoo_args(kwargs)
+    kwargs.update({k: model_cfg[k] for k in model_options(name) if model_cfg.get(k) is not None})
     return ZOO[name](tuple(input_shape), num_outputs, rng=rng, **kwargs)
