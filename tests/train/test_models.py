@@ -28,8 +28,10 @@ EVERY_LAYER = [
     {"type": "gelu", "approximate": "tanh"},
     {"type": "sigmoid"},
     {"type": "hardswish"},
-    {"type": "global_avgpool"},                                     # (8, 1, 1)
-    {"type": "flatten"},                                            # (8,)
+    {"type": "block", "merge": "concat", "activation": "tanh",
+     "branches": [[{"type": "relu"}], []]},                         # (16, 4, 4)
+    {"type": "global_avgpool"},                                     # (16, 1, 1)
+    {"type": "flatten"},                                            # (16,)
     {"type": "linear", "out": 16},
     {"type": "batchnorm", "eps": 1e-3, "momentum": 0.2},            # 1-D
     {"type": "tanh"},
