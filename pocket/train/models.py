@@ -322,4 +322,4 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
 
 
 # The families' layer-list kinds and zoo entries register themselves on import.
-from pocket.train import models_block, models_edge  # noqa: E402, F401
+from pocket.train import models_block, models_edge, models_vision  # noqa: E402, F401

@@ -464,6 +464,10 @@ class ResidualBlock(Module):
         return self.relu2(self.add(y, x if self.shortcut is None else self.shortcut(x)))
 
 
+# The vision family's layers (nn_vision.py), as nn.<Name>.
+from pocket.train.nn_vision import ChannelShuffle, Clip, Mul, ReLU6, SiLU, Slice  # noqa: E402, F401
+
+
 def __getattr__(name: str):
     # NOTE: nn.Block lives in nn_block, which registers its tracer and so imports trace, which
     # imports this module: a lazy attribute keeps the import order free.
