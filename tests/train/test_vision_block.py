@@ -166,3 +166,18 @@ def test_a_toml_block_config_round_trips(tmp_path):
     cfg = config.load_config(p)
     model = from_layers((1, 8, 8), 10, cfg["model"]["layers"], np.random.default_rng(0))
     _eval_matches_trace(model, (1, 8, 8))
+
+
+def test_the_example_configs_build_and_trace():
+    from pathlib import Path
+
+    from pocket.train.models import build_model
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    cfg = config.load_config(examples / "digits_blocks.toml")
+    model = build_model(cfg["model"], (1, 8, 8), 10, np.random.default_rng(0))
+    g = _eval_matches_trace(model, (1, 8, 8))
+    ops = [n.op for n in g.nodes]
+    assert ops.count("add") == 1 and ops.count("concat") == 1 and ops.count("clip") == 3
+    cfg = config.load_config(examples / "cifar10_mobilenet_v2.toml")
+    assert cfg["model"]["name"] == "mobilenet_v2" and cfg["model"]["width_mult"] == 0.5
