@@ -1,7 +1,8 @@
 """The edge zoo through every stage: each architecture (small widths, digits-sized input) traced
 into a checkpoint, exported to an fp32 `.bin` that the engine runs like the training model, to
 ONNX that onnxruntime runs like it, and to an int8 `.bin` that the engine runs bit for bit like
-the reference interpreter; then one model from `pocket train` to `pocket export` on the CLI."""
+the reference interpreter (and onnxruntime's int8 run of the int8 ONNX export like the engine);
+then one model from `pocket train` to `pocket export` on the CLI."""
 
 from __future__ import annotations
 
@@ -105,7 +106,17 @@ def test_int8_bin_is_bit_exact_with_the_reference(zoo_ckpt):
         assert any("x_scale" in n.attrs for n in c.graph.nodes), "no layer went int8"
         want = reference.run_container(c, x)["output"]
     with Engine(out, threads=1) as eng:
-        np.testing.assert_array_equal(eng.run(x, copy=True), want)
+        got = eng.run(x, copy=True)
+    np.testing.assert_array_equal(got, want)
+    # onnxruntime's int8 (QDQ) run of the same export picks the same classes.
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    export(path, path.with_name("model.int8.onnx"), int8=True)
+    sess = ort.InferenceSession(str(path.with_name("model.int8.onnx")),
+                                providers=["CPUExecutionProvider"])
+    y = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    assert (y.argmax(1) == got.argmax(1)).all()
+    _close(y, got)
 
 
 CONFIG = """
@@ -121,6 +132,7 @@ width_mult = 0.25
 [train]
 epochs = 1
 batch_size = 50
+warmup_epochs = 0
 """
 
 
@@ -131,6 +143,7 @@ def _pocket(*args):
     return out
 
 
+@pytest.mark.slow
 def test_cli_train_then_export_a_zoo_model(tmp_path):
     pytest.importorskip("sklearn")
     pytest.importorskip("onnxruntime")
@@ -143,5 +156,13 @@ def test_cli_train_then_export_a_zoo_model(tmp_path):
     rep = json.loads(_pocket("export", ckpt, "-o", run / "m.int8.bin", "--int8", "--json").stdout)
     assert rep["int8"] and rep["size"] < rep["fp32_size"]
     _pocket("export", ckpt, "-o", run / "m.onnx")
-    ok = json.loads(_pocket("compare", ckpt, "--onnx", run / "m.onnx", "--json").stdout)
-    assert ok["passed"], ok
+    # The ONNX file computes what the checkpoint's graph computes (in-process: a `pocket
+    # compare` subprocess would double the test's time).
+    import onnxruntime as ort
+
+    with read_container(ckpt) as c:
+        x = np.asarray(c.tensors["calib/x"][:8])
+        want = reference.run(c.graph, {n: np.array(c.tensors[n]) for n in c.graph.params},
+                             {"input": x})["output"]
+    sess = ort.InferenceSession(str(run / "m.onnx"), providers=["CPUExecutionProvider"])
+    _close(sess.run(None, {sess.get_inputs()[0].name: x})[0], want)
