@@ -7,6 +7,7 @@ written to an unlinked temporary file and mapped, so the engine reads it as it r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections import Counter
@@ -152,6 +153,22 @@ def load(path: str | os.PathLike, *, input_shapes: list[str] | None = None, quie
         return read_container(tmp, expect_kind="model")
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def as_bin(path: str | os.PathLike, *, input_shapes: list[str] | None = None):
+    """For the commands that open a .bin by path: the ONNX file imported into a temporary
+    .bin that lives as long as the `with` block (said on stderr)."""
+    import sys
+
+    print(f"importing {path} in memory (`pocket import {path} -o MODEL.bin` keeps the "
+          "conversion)", file=sys.stderr)
+    imp = import_onnx(path, input_shapes=input_shapes)
+    with tempfile.TemporaryDirectory(prefix="pocket-import-") as tmp:
+        dest = Path(tmp) / (Path(path).stem + ".bin")
+        write_container(dest, kind="model", tensors=imp.params, graph=imp.graph, quant=imp.quant,
+                        meta={"imported_from": Path(path).name})
+        yield str(dest)
 
 
 def render(r: dict) -> str:

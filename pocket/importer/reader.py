@@ -457,15 +457,30 @@ def _import_node(onnx, ctx: Context, n: OnnxNode, table: dict) -> None:
     ins = [v for v in n.inputs if v]
     if ins and all(ctx.const(v) is not None for v in ins):
         # NOTE: evaluated with every input, in place: an optional input left empty stays empty.
+        if n.op_type == "DequantizeLinear":
+            qc = ctx.qconsts[n.outputs[0]] = _qconst(ctx, n)
+            shape = [1] * qc.q.ndim
+            if qc.axis is not None:
+                shape[qc.axis] = -1
+            # NOTE: as ONNX: (q - zp) * scale in float32, zp and q widened to int32 first.
+            ctx.consts[n.outputs[0]] = (
+                (qc.q.astype(np.int32) - qc.zero_point.astype(np.int32).reshape(shape))
+                .astype(np.float32) * qc.scale.reshape(shape)).astype(np.float32)
+            return
+        ins = [ctx.const(v) if v else None for v in n.inputs]
         try:
-            res = _evaluate(onnx, n, [ctx.const(v) if v else None for v in n.inputs], ctx.opset)
+            try:
+                res = _evaluate(onnx, n, ins, ctx.opset)
+            except RuntimeError as e:
+                if "No implementation" not in str(e):
+                    raise
+                # An op unchanged since an older opset the evaluator knows it by: its newest.
+                res = _evaluate(onnx, n, ins, onnx.defs.onnx_opset_version())
         except Exception as e:  # noqa: BLE001 - onnx's evaluator raises what its ops raise
             raise Unsupported(f"folding it on constants failed ({type(e).__name__}: "
                               f"{str(e)[:120]})") from None
         for v, a in zip([v for v in n.outputs if v], res):
             ctx.consts[v] = a
-        if n.op_type == "DequantizeLinear":
-            ctx.qconsts[n.outputs[0]] = _qconst(ctx, n)
         return
     if _fold_symbolic(ctx, n):
         return
