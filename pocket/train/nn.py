@@ -462,3 +462,7 @@ class ResidualBlock(Module):
     def forward(self, x):
         y = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))
         return self.relu2(self.add(y, x if self.shortcut is None else self.shortcut(x)))
+
+
+# The vision family's layers (nn_vision.py), as nn.<Name>.
+from pocket.train.nn_vision import ChannelShuffle, Clip, Mul, ReLU6, SiLU, Slice  # noqa: E402, F401

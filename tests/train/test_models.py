@@ -28,6 +28,11 @@ EVERY_LAYER = [
     {"type": "gelu", "approximate": "tanh"},
     {"type": "sigmoid"},
     {"type": "hardswish"},
+    {"type": "relu6"},
+    {"type": "clip", "min": -1.0, "max": 1.0},
+    {"type": "silu"},
+    {"type": "channel_shuffle", "groups": 4},
+    {"type": "slice", "axis": 3, "start": 1, "end": 3},             # (8, 4, 2)
     {"type": "global_avgpool"},                                     # (8, 1, 1)
     {"type": "flatten"},                                            # (8,)
     {"type": "linear", "out": 16},
