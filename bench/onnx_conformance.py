@@ -48,8 +48,9 @@ def collect():
 def claimed_types() -> dict[str, str]:
     """ONNX op type -> the IR op whose importer takes it."""
     from pocket.formats import ops
-    from pocket.importer import ops_core  # noqa: F401 - registers the importers
+    from pocket.importer.reader import importers
 
+    importers()  # registers every importer module
     return {t: name for name, fn in ops.implementations("onnx_import").items()
             for t in fn.onnx_types}
 
@@ -59,7 +60,8 @@ def _bind(model, inputs: list[np.ndarray]):
     import onnx
     from onnx import numpy_helper
 
-    if not all(isinstance(a, np.ndarray) and a.dtype.kind in "biuf" for a in inputs):
+    if not all(isinstance(a, np.ndarray | np.generic) and np.asarray(a).dtype.kind in "biuf"
+               for a in inputs):
         return None
     m = onnx.ModelProto()
     m.CopyFrom(model)

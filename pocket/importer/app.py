@@ -19,7 +19,7 @@ import numpy as np
 from pocket.export.transforms import optimize
 from pocket.formats.container import read_container, write_container
 from pocket.formats.ir import Graph
-from pocket.importer.passes import fold_bias_add, int8_layers
+from pocket.importer.passes import fold_bias_add, fold_silu, int8_layers
 from pocket.importer.reader import ImportError_, onnx_module, parse_shapes, read_model
 
 
@@ -70,6 +70,9 @@ def import_onnx(model_or_path, *, input_shapes: dict | list | None = None, int8:
     graph, params, n = fold_bias_add(graph, params)
     if n:
         applied.append(f"folded {n} bias add")
+    graph, params, n = fold_silu(graph, params)
+    if n:
+        applied.append(f"made {n} silu from sigmoid * x")
     graph, params, more = optimize(graph, params)
     applied += more
     graph, params, quant, n = int8_layers(graph, params, qconsts)

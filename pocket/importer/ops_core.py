@@ -251,10 +251,15 @@ def global_avgpool(ctx: Context, n: OnnxNode) -> None:
         axes = n.attr("axes")
         if axes is None and len(n.inputs) > 1 and n.inputs[1]:
             axes = ctx.need_const(n.inputs[1], "axes").tolist()
-        if sorted(a % 4 for a in (axes or [])) != [2, 3] or not n.attr("keepdims", 1):
-            raise Unsupported(f"ReduceMean over axes {axes} (keepdims "
-                              f"{n.attr('keepdims', 1)}): only the mean over H and W with "
-                              "keepdims=1 is supported")
+        if sorted(a % 4 for a in (axes or [])) != [2, 3]:
+            raise Unsupported(f"ReduceMean over axes {axes}: only the mean over H and W "
+                              "(axes 2, 3) is supported")
+        if not n.attr("keepdims", 1):
+            # x.mean([2, 3]) in PyTorch: the pool, then (N, C, 1, 1) -> (N, C).
+            g = ctx.emit("global_avgpool", [x], out=f"{n.outputs[0]}/pool",
+                         name=f"{n.name}/pool")
+            ctx.emit("flatten", [g])
+            return
     ctx.emit("global_avgpool", [x])
 
 
@@ -277,7 +282,7 @@ def flatten(ctx: Context, n: OnnxNode) -> None:
 @importer("reshape", "Reshape")
 def reshape(ctx: Context, n: OnnxNode) -> None:
     x = _x(ctx, n)
-    src = ctx.infos[x].shape
+    src = ctx.onnx_shapes.get(n.inputs[0]) or ctx.infos[x].shape
     v = n.inputs[1]
     if ctx.const(v) is not None:
         target = [int(d) for d in ctx.consts[v].reshape(-1)]

@@ -57,6 +57,23 @@ def fold_bias_add(graph: Graph, params: Mapping[str, np.ndarray]) -> Rewrite:
     return _finish(g, params, count)
 
 
+def fold_silu(graph: Graph, params: Mapping[str, np.ndarray]) -> Rewrite:
+    """mul(x, sigmoid(x)) -> silu(x): how exporters write SiLU (swish) at opset 17."""
+    g = copy.deepcopy(graph)
+    uses, made = consumers(g), producers(g)
+    count = 0
+    for m in [n for n in g.nodes if n.op == "mul"]:
+        for x, s in (m.inputs, m.inputs[::-1]):
+            sig = made.get(s)
+            if (sig is not None and sig.op == "sigmoid" and sig.inputs[0] == x
+                    and _sole_reader(g, uses, s) is m):
+                g.nodes.remove(sig)
+                m.op, m.inputs, m.attrs = "silu", [x], {}
+                count += 1
+                break
+    return _finish(g, params, count)
+
+
 def _same_qp(a: Mapping, b: Mapping) -> bool:
     return np.float32(a["scale"]) == np.float32(b["scale"]) and a["zero_point"] == b["zero_point"]
 

@@ -104,6 +104,7 @@ class Context:
         self.inputs: dict[str, ValueInfo] = {}
         self.nodes: list[Node] = []
         self.params: dict[str, np.ndarray] = {}
+        self.onnx_shapes: dict[str, tuple] = {}  # ONNX values whose shape is not their IR value's
         self.shifted: set[str] = set()  # IR i8 values that ONNX holds as uint8 (zp - 128)
         self.qconsts: dict[str, QConst] = {}  # ONNX const value or IR param -> its integers
         self._param_of: dict[int, str] = {}  # id(const array) -> the param made from it
@@ -222,7 +223,7 @@ def _clean(name: str) -> str:
 
 def importers() -> dict[str, Any]:
     """ONNX op type -> the importer registered for it (through its IR op's slot)."""
-    from pocket.importer import ops_core  # noqa: F401 - registers the core importers
+    from pocket.importer import ops_core, ops_vision  # noqa: F401 - register the importers
 
     table = {}
     for fn in ops.implementations("onnx_import").values():
@@ -291,7 +292,7 @@ def _fold_symbolic(ctx: Context, n: OnnxNode) -> bool:
 
 
 def _shape_of(ctx: Context, n: OnnxNode) -> None:
-    shape = np.asarray(list(ctx.shape(n.inputs[0])), object)
+    shape = np.asarray(list(ctx.onnx_shapes.get(n.inputs[0]) or ctx.shape(n.inputs[0])), object)
     start, end = n.attr("start", 0), n.attr("end")
     shape = shape[start:end]
     if all(isinstance(d, int) for d in shape):
