@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pocket.export.transforms import optimize
+from pocket.export.transforms import optimize, remove_dead
 from pocket.formats.container import read_container, write_container
 from pocket.formats.ir import Graph
 from pocket.importer.passes import fold_bias_add, fold_silu, int8_layers
@@ -78,6 +78,9 @@ def import_onnx(model_or_path, *, input_shapes: dict | list | None = None, int8:
     graph, params, quant, n = int8_layers(graph, params, qconsts)
     if n:
         applied.append(f"made {n} int8 ops from QDQ")
+        # The dequantize nodes the int8 layers no longer read.
+        graph, params, _ = remove_dead(graph, params)
+        quant = {k: v for k, v in quant.items() if k in params}
     qdq = any(x.op in ("quantize", "dequantize") for x in graph.nodes)
     report = {
         "model": name, "opset": graph.metadata["onnx"]["opset"],

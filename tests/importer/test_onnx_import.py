@@ -225,3 +225,51 @@ def test_the_core_ops_have_importers():
             "hardswish", "hardsigmoid", "maxpool2d", "avgpool2d", "global_avgpool", "flatten",
             "reshape", "add", "concat", "dropout", "softmax", "quantize", "dequantize"]
     assert [op for op in core if op not in have] == []
+
+
+def test_cli_int8_quantizes_an_fp32_import_with_pocket_calibration(tmp_path):
+    onnx.save(_cnn(), str(tmp_path / "m.onnx"))
+    x = RNG.standard_normal((32, 3, 9, 11)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    r = _pocket(["import", "m.onnx", "--int8", "--calib", "calib.npz", "-o", "m8.bin", "--json"],
+                tmp_path)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    rep = json.loads(r.stdout)
+    assert rep["int8_layers"] >= 1 and rep["calib_samples"] == 32
+    r = _pocket(["import", "m.onnx", "--int8", "-o", "m8.bin"], tmp_path)
+    assert r.returncode == 3 and "--calib" in r.stderr
+
+
+def test_a_qdq_conv_chain_is_bit_exact_with_onnxruntime(tmp_path):
+    # onnxruntime fuses DQ -> Conv -> Relu -> Q into QLinearConv; the imported int8 layers
+    # carry the file's integers and scales, so the codes must agree exactly.
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    f = np.float32
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2", "b2"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])]
+    inits = [_init("w", RNG.standard_normal((12, 5, 3, 3)).astype(f) * 0.2),
+             _init("b", RNG.standard_normal(12).astype(f) * 0.1),
+             _init("w2", RNG.standard_normal((6, 12, 3, 3)).astype(f) * 0.2),
+             _init("b2", RNG.standard_normal(6).astype(f) * 0.1)]
+    onnx.save(_model(nodes, inits, ["N", 5, 9, 7], y_shape=["N", 6, 5, 4]), str(tmp_path / "f.onnx"))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{"x": RNG.standard_normal((1, 5, 9, 7)).astype(f)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(),
+                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8, per_channel=True)
+    imp = import_onnx(tmp_path / "q.onnx")
+    assert [n.op for n in imp.graph.nodes] == ["quantize", "conv2d", "conv2d", "dequantize"]
+    x = RNG.standard_normal((4, 5, 9, 7)).astype(f)
+    with _engine(imp, tmp_path) as eng:
+        got = eng.run(x, copy=True)
+    np.testing.assert_array_equal(got, _ort(onnx.load(str(tmp_path / "q.onnx")), x))
