@@ -7,6 +7,7 @@ or environment (one `Error:` line; the traceback only with POCKET_DEBUG=1).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -242,8 +243,10 @@ def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, sep,
 
     if not inputs and not warmup and not bench:
         raise click.UsageError("give at least one INPUT (or --warmup / --bench)")
-    result = run_infer(model, list(inputs), threads=threads, batch_size=batch_size, top_k=top_k,
-                       output=output, bench=bench, warmup=warmup, sep=sep)
+    with _model_file(model) as path:
+        result = run_infer(path, list(inputs), threads=threads, batch_size=batch_size,
+                           top_k=top_k, output=output, bench=bench, warmup=warmup, sep=sep)
+    result["model"] = str(model)
     emit(result, as_json, render)
 
 
@@ -271,7 +274,22 @@ def compare(ckpt, bin_path, onnx_path, data, inputs_path, random_n, limit, atol,
     from pocket.compare import render
     from pocket.formats.sniff import check_file
 
-    check_file(ckpt, "checkpoint")
+    if check_file(ckpt, "checkpoint", allow_onnx=True):
+        # An ONNX model from elsewhere: onnxruntime against its import, no checkpoint.
+        from pocket.compare import compare_onnx
+
+        if bin_path:
+            check_file(bin_path, "model file")
+        if onnx_path or data:
+            raise click.UsageError("comparing an ONNX model takes --bin, --inputs or --random; "
+                                   "not --onnx or --data")
+        result = compare_onnx(ckpt, bin_path=bin_path, inputs_path=inputs_path,
+                              random_n=random_n, limit=limit, atol=atol, rtol=rtol,
+                              min_agreement=min_agreement)
+        emit(result, as_json, render)
+        if not result["passed"]:
+            sys.exit(EXIT_CHECK_FAILED)
+        return
     if bin_path:
         check_file(bin_path, "model file")
     if not bin_path and not onnx_path:
@@ -297,21 +315,61 @@ def inspect(file, routes, as_json):
 
     With --routes (a model .bin): per conv2d/linear layer, the geometry that decided, the route
     the engine takes on this machine (POCKET_ROUTE forces one) and its scratch bytes."""
+    with _model_file(file) as path:
+        if routes:
+            from pocket.infer.engine import Engine
+            from pocket.infer.plan import Cpu
+
+            with Engine(path) as eng:
+                result = {"file": str(file), "max_batch": eng.max_batch,
+                          "cpu": vars(Cpu.host()), "routes": eng.routes()}
+            emit(result, as_json, _render_routes)
+            return
+        from pocket.formats.describe import describe, render
+
+        result = describe(path)
+    if path != file:
+        result = {**result, "path": str(file)}
+    emit(result, as_json, render)
+
+
+def _model_file(path: str):
+    """The .bin to open for MODEL: itself, or an ONNX file imported for the command's run."""
     from pocket.formats.sniff import check_file
 
-    check_file(file)
-    if routes:
-        from pocket.infer.engine import Engine
-        from pocket.infer.plan import Cpu
+    if check_file(path, "model file", allow_onnx=True):
+        from pocket.importer.app import as_bin
 
-        with Engine(file) as eng:
-            result = {"file": str(file), "max_batch": eng.max_batch, "cpu": vars(Cpu.host()),
-                      "routes": eng.routes()}
-        emit(result, as_json, _render_routes)
-        return
-    from pocket.formats.describe import describe, render
+        return as_bin(path)
+    return contextlib.nullcontext(path)
 
-    emit(describe(file), as_json, render)
+
+@main.command("import")
+@click.argument("model", metavar="MODEL.onnx", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="OUT.bin",
+              help="Where to write (default: MODEL.bin, or MODEL.int8.bin with --int8).")
+@click.option("--int8", is_flag=True, help="Quantize the fp32 import with pocket's calibration.")
+@click.option("--calib", "calib_path", type=click.Path(dir_okay=False), metavar="X.npz",
+              help="Calibration inputs for --int8: an .npz with an array `x`.")
+@click.option("--calib-samples", type=click.IntRange(min=1), metavar="N",
+              help="Use at most N calibration samples (default 256).")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="[NAME=]D1,D2,...",
+              help="Fix an input's shape (N keeps the batch dynamic); repeat per input.")
+@click.option("--json", "as_json", is_flag=True, help="Print the import report as one JSON object.")
+@handle_errors
+def import_(model, output, int8, calib_path, calib_samples, input_shapes, as_json):
+    """Turn an ONNX model trained elsewhere (PyTorch, Keras...) into a pocket .bin.
+
+    Folds constants, BatchNormalization, Identity, Dropout and shape arithmetic; QDQ models
+    (onnxruntime's quantize_static) become int8 layers. An unsupported node is an error that
+    lists every one of them, and nothing is written."""
+    from pocket.importer.app import render, run
+
+    if calib_path and not int8:
+        raise click.UsageError("--calib goes with --int8")
+    report = run(model, output, int8=int8, calib_path=calib_path, calib_samples=calib_samples,
+                 input_shapes=list(input_shapes))
+    emit(report, as_json, render)
 
 
 def _render_routes(r: dict) -> str:
@@ -342,11 +400,10 @@ def doctor(model, as_json):
     from pocket.doctor import doctor as run_doctor
     from pocket.doctor import render
 
-    if model is not None:
-        from pocket.formats.sniff import check_file
-
-        check_file(model, "model file")
-    result = run_doctor(model)
+    with _model_file(model) if model is not None else contextlib.nullcontext() as path:
+        result = run_doctor(path)
+    if result["model"] is not None and path != model:
+        result["model"] = {**result["model"], "path": str(model)}
     emit(result, as_json, render)
     if result["model"] is not None and not result["model"]["runs_here"]:
         sys.exit(EXIT_CHECK_FAILED)

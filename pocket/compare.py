@@ -257,3 +257,50 @@ def render(r: dict) -> str:
     else:
         lines += [f"FAIL {f}" for f in r["failures"]]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- an imported model
+
+
+def compare_onnx(onnx_path: str, *, bin_path: str | None = None, inputs_path: str | None = None,
+                 random_n: int | None = None, limit: int | None = None,
+                 atol: float | None = None, rtol: float | None = None,
+                 min_agreement: float | None = None) -> dict:
+    """An ONNX model from elsewhere: onnxruntime on it against pocket's engine on its import
+    (`bin_path`, or the file imported in memory); no checkpoint involved."""
+    from pocket.importer.app import import_onnx
+
+    imp = import_onnx(onnx_path)
+    info = next(iter(imp.graph.inputs.values()))
+    shape = tuple(info.shape[1:])
+    if not all(isinstance(d, int) for d in shape):
+        raise CompareError(f"{onnx_path}: input dims after the batch must be fixed, got "
+                           f"{list(info.shape)}")
+    ck = {"meta": {"dataset": {"input_shape": list(shape)}}}
+    x, _, source = _inputs(ck, None, inputs_path, random_n or (None if inputs_path else 16), limit)
+    outputs = {"onnx": _run_onnx(onnx_path, x)[0]}
+    if bin_path:
+        outputs["bin"], int8 = _run_bin(bin_path, x)
+    else:
+        from pocket.importer.app import as_bin
+
+        with as_bin(onnx_path) as tmp:
+            outputs["bin"], int8 = _run_bin(tmp, x)
+    if outputs["bin"].shape != outputs["onnx"].shape:
+        raise CompareError(f"output shapes differ: engine {list(outputs['bin'].shape)}, "
+                           f"onnxruntime {list(outputs['onnx'].shape)}")
+    classification = outputs["onnx"].ndim == 2 and outputs["onnx"].shape[1] > 1
+    kind = "int8" if int8 or imp.report["qdq"] else "fp32"
+    gates = dict(GATES[kind])
+    for key, val in (("atol", atol), ("rtol", rtol), ("min_agreement", min_agreement)):
+        if val is not None:
+            gates[key] = val
+    m = pair_metrics(outputs["onnx"], outputs["bin"], classification)
+    fails = _gate(m, gates)
+    engines = {"onnx": {"path": onnx_path, "precision": kind},
+               "bin": {"path": bin_path or f"{onnx_path} (imported in memory)", "precision": kind}}
+    return {"checkpoint": None, "model": onnx_path, "inputs": source, "samples": int(len(x)),
+            "task": "classification" if classification else None, "engines": engines,
+            "pairs": [{"pair": "onnx vs bin", "precision": kind, "gates": gates, "metrics": m,
+                       "passed": not fails, "failures": fails}],
+            "passed": not fails, "failures": [f"onnx vs bin: {f}" for f in fails]}

@@ -52,9 +52,10 @@ def looks_like_onnx(head: bytes, size: int | None = None) -> bool:
     return bool(seen) and seen[0] == 1 and len(seen) >= 2
 
 
-def check_file(path: str | os.PathLike, what: str = "file") -> None:
+def check_file(path: str | os.PathLike, what: str = "file", *, allow_onnx: bool = False) -> bool:
     """Refuse what cannot be a pocket container before anything opens it for reading: a missing
-    path, a FIFO or device (reading one blocks), and ONNX models (not importable yet)."""
+    path, a FIFO or device (reading one blocks), and ONNX models unless `allow_onnx` (the
+    callers that import them, pocket.importer). Returns whether the file is ONNX."""
     p = os.fspath(path)
     try:
         st = os.stat(p)
@@ -71,7 +72,8 @@ def check_file(path: str | os.PathLike, what: str = "file") -> None:
             head = f.read(HEAD_BYTES)
     except OSError as e:
         raise FormatError(f"{p}: cannot read ({e.strerror or e})") from None
-    if looks_like_onnx(head, st.st_size):
-        raise FormatError(f"{p}: this is an ONNX file; ONNX import is not supported yet. pocket reads "
-                          "its own .bin/.ckpt files (pocket export CKPT makes a .bin; pocket compare "
-                          "checks an ONNX export with --onnx FILE)")
+    onnx = looks_like_onnx(head, st.st_size)
+    if onnx and not allow_onnx:
+        raise FormatError(f"{p}: this is an ONNX file; this command reads pocket's own .bin/.ckpt "
+                          f"files: convert it with `pocket import {p} -o MODEL.bin`")
+    return onnx

@@ -1,0 +1,185 @@
+"""Build the real-model test data for `pocket import`: six torchvision models with random
+weights (no downloads) exported by torch.onnx.export at opset 17 with a dynamic batch, and their
+QDQ int8 versions from onnxruntime.quantization.quantize_static; then import each and compare
+the engine with onnxruntime (fp32 at batch 1 and 8 within 1e-4; int8 top-1 agreement on 200
+inputs) and time batch 1.
+
+    python bench/onnx_models.py [--out DIR] [--models resnet18,...] [--no-int8] [--json]
+
+torch and torchvision are bench/dev dependencies: without them the script says so and exits 0.
+Writes DIR/NAME.onnx, DIR/NAME.qdq.onnx and DIR/report.json (default DIR: bench/out/onnx_models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_small", "shufflenet_v2_x1_0",
+          "squeezenet1_1", "efficientnet_b0")
+OPSET = 17
+SIZE = 224
+CALIB = 16  # calibration batches of one for quantize_static
+AGREE = 200
+
+
+def export_fp32(name: str, path: Path, seed: int = 0) -> None:
+    import torch
+    import torchvision
+
+    torch.manual_seed(seed)
+    model = getattr(torchvision.models, name)(weights=None)
+    # NOTE: with torchvision's init and fresh BatchNorm statistics, several of these nets
+    # (MobileNetV2/V3, EfficientNet) give logits around 1e-9: any absolute tolerance passes and
+    # top-1 is noise. Random affine BN parameters and running statistics measured on random
+    # inputs keep every activation near unit scale, as a trained model's are.
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the batches below
+            with torch.no_grad():
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0.0, 0.2)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(4, 3, SIZE, SIZE))
+    model.eval()
+    x = torch.randn(1, 3, SIZE, SIZE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(path), opset_version=OPSET, dynamo=False,
+                          input_names=["input"], output_names=["logits"],
+                          dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}})
+
+
+def inputs(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 3, SIZE, SIZE)).astype(np.float32)
+
+
+def export_qdq(src: Path, dst: Path) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"input": inputs(1, 100 + i)} for i in range(CALIB)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    per_channel=True)
+
+
+def check(path: Path, int8: bool, threads: int | None = None) -> dict:
+    import onnxruntime as ort
+
+    from pocket.importer.app import load
+    from pocket.infer.engine import Engine
+
+    res: dict = {"model": path.name}
+    t = time.perf_counter()
+    try:
+        container = load(path, quiet=True)
+    except Exception as e:  # noqa: BLE001 - the report names what failed
+        return {**res, "imported": False, "error": str(e)[:2000]}
+    res["imported"] = True
+    res["import_s"] = round(time.perf_counter() - t, 2)
+    res["int8_layers"] = sum(1 for n in container.graph.nodes if "x_scale" in n.attrs)
+    eng = Engine(container, threads=threads, max_batch=64)
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    if int8:
+        x = inputs(AGREE, 7)
+        a = np.concatenate([eng.run(x[i:i + 50], copy=True) for i in range(0, AGREE, 50)])
+        b = np.concatenate([sess.run(None, {"input": x[i:i + 50]})[0] for i in range(0, AGREE, 50)])
+        res["top1_agreement"] = float(np.mean(a.argmax(1) == b.argmax(1)))
+        res["max_abs_error"] = float(np.abs(a - b).max())
+        res["output_scale"] = float(np.abs(b).max())
+        res["passed"] = res["top1_agreement"] >= 0.99
+    else:
+        errs = {}
+        for n in (1, 8):
+            x = inputs(n, n)
+            errs[n] = float(np.abs(eng.run(x, copy=True) - sess.run(None, {"input": x})[0]).max())
+        res["max_abs_error"] = {f"batch{n}": e for n, e in errs.items()}
+        res["output_scale"] = float(np.abs(sess.run(None, {"input": inputs(8, 8)})[0]).max())
+        res["passed"] = all(e <= 1e-4 for e in errs.values())
+    x1 = inputs(1, 3)
+    res["engine_ms"] = _time(lambda: eng.run(x1))
+    res["onnxruntime_ms"] = _time(lambda: sess.run(None, {"input": x1}))
+    eng.close()
+    return res
+
+
+def _time(fn, reps: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return round(best * 1000, 2)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(Path(__file__).parent / "out" / "onnx_models"))
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--no-int8", action="store_true")
+    p.add_argument("--rebuild", action="store_true", help="Export again even if the files exist.")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        import torch  # noqa: F401
+        import torchvision  # noqa: F401
+    except ImportError:
+        print("torch and torchvision are not installed: nothing to build (pip install torch "
+              "torchvision)", file=sys.stderr)
+        return 0
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in a.models.split(","):
+        fp32 = out / f"{name}.onnx"
+        if a.rebuild or not fp32.exists():
+            export_fp32(name, fp32)
+        rows.append({"name": name, "int8": False, **check(fp32, False, a.threads)})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+        if not a.no_int8:
+            qdq = out / f"{name}.qdq.onnx"
+            if a.rebuild or not qdq.exists():
+                export_qdq(fp32, qdq)
+            rows.append({"name": name, "int8": True, **check(qdq, True, a.threads)})
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    (out / "report.json").write_text(json.dumps(rows, indent=1))
+    if a.json:
+        print(json.dumps(rows))
+    else:
+        for r in rows:
+            kind = "int8" if r["int8"] else "fp32"
+            if not r["imported"]:
+                print(f"{r['name']:<20} {kind}  not imported: {r['error'][:300]}")
+                continue
+            err = r["max_abs_error"]
+            err = (f"top-1 {100 * r['top1_agreement']:.1f}%" if r["int8"]
+                   else "max err " + ", ".join(f"{k} {v:.1e}" for k, v in err.items()))
+            if r["int8"]:
+                err += f" ({r['int8_layers']} int8 layers)"
+            print(f"{r['name']:<20} {kind}  {'pass' if r['passed'] else 'FAIL'}  {err}  "
+                  f"engine {r['engine_ms']} ms, onnxruntime {r['onnxruntime_ms']} ms (batch 1)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
