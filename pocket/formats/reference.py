@@ -325,11 +325,14 @@ def run(
     quant: Mapping[str, dict | None] | None = None,
     *,
     keep_all: bool = False,
+    known: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Run `graph` node by node; return {output name: array} (every value with keep_all).
 
     params: constant tensors by name; quant: {weight name: {"scale": [...], ...}} for the int8
-    weights of int8 conv2d/linear nodes (the container's `quant(name)`).
+    weights of int8 conv2d/linear nodes (the container's `quant(name)`). known: values the
+    caller computed already for these inputs (an identical upstream of another graph): a node
+    whose outputs are all known is not run.
     """
     graph.validate()
     if not isinstance(inputs, Mapping):
@@ -349,6 +352,9 @@ def run(
             raise FormatError(f"missing param '{name}'")
         env[name] = np.asarray(params[name])
     for node in graph.nodes:
+        if known is not None and all(o in known for o in node.outputs):
+            env.update((o, known[o]) for o in node.outputs)
+            continue
         kw = {}
         if ops.OPS[node.op].int8 == ops.INT8_LAYER and _is_int8(node.attrs):
             qp = (quant or {}).get(node.inputs[1])
