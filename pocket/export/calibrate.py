@@ -68,6 +68,7 @@ class Pass:
     parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     kept: list[dict[str, np.ndarray]] | None = None   # per chunk of BATCH samples
+    _clips: dict[tuple, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def ranges(self, method: str = "minmax",
                percentile: float = DEFAULT_PERCENTILE) -> dict[str, tuple[float, float]]:
@@ -82,6 +83,13 @@ class Pass:
         lo, hi = self.lo[v], self.hi[v]
         if method == "minmax":
             return lo, hi
+        key = (v, method, percentile if method == "percentile" else None)
+        if key not in self._clips:
+            self._clips[key] = self._clip(v, method, percentile)
+        return self._clips[key]
+
+    def _clip(self, v: str, method: str, percentile: float) -> tuple[float, float]:
+        lo, hi = self.lo[v], self.hi[v]
         allv = np.concatenate(self.parts[v])
         if method == "percentile":
             return (float(np.percentile(allv, 100 - percentile)),
@@ -136,13 +144,17 @@ def histogram(values: np.ndarray, lo: float, hi: float, bins: int = BINS):
     return counts, edges
 
 
-def qdq_error(counts: np.ndarray, edges: np.ndarray, lo: float, hi: float) -> float:
+def qdq_error(counts: np.ndarray, edges: np.ndarray, lo, hi) -> np.ndarray:
     """Sum over bins of count * (center - dequantize(quantize(center)))^2 under the int8
-    qparams that [lo, hi] gets: the squared error the clip range causes on the histogram."""
-    scale, zp = Q.choose_activation_qparams(lo, hi)
+    qparams that [lo, hi] gets: the squared error the clip range causes on the histogram.
+    lo, hi: floats or equal-length sequences of candidates (then one error per candidate)."""
+    qp = [Q.choose_activation_qparams(a, b) for a, b in np.broadcast(lo, hi)]
+    scale = np.array([s for s, _ in qp])[:, None]
+    zp = np.array([z for _, z in qp], np.float64)[:, None]
     c = (edges[:-1] + edges[1:]) / 2
     q = np.clip(np.rint(c / scale) + zp, Q.QMIN, Q.QMAX)
-    return float(np.sum(counts * (c - (q - zp) * scale) ** 2))
+    err = np.sum(counts * (c - (q - zp) * scale) ** 2, axis=1)
+    return err if np.ndim(lo) or np.ndim(hi) else float(err[0])
 
 
 def mse_clip(counts: np.ndarray, edges: np.ndarray, steps: int = 256) -> tuple[float, float]:
@@ -151,16 +163,16 @@ def mse_clip(counts: np.ndarray, edges: np.ndarray, steps: int = 256) -> tuple[f
     lo0, hi0 = float(edges[0]), float(edges[-1])
     grid = np.arange(1, steps + 1) / steps
 
-    def best(cands):
-        errs = [qdq_error(counts, edges, lo, hi) for lo, hi in cands]
-        return cands[int(np.argmin(errs))]
+    def best(los, his):
+        i = int(np.argmin(qdq_error(counts, edges, los, his)))
+        return float(np.broadcast_to(los, grid.shape)[i]), float(np.broadcast_to(his, grid.shape)[i])
 
-    lo, hi = best([(t * lo0, t * hi0) for t in grid])
+    lo, hi = best(grid * lo0, grid * hi0)
     for _ in range(2):
         if hi0 > 0:
-            lo, hi = best([(lo, t * hi0) for t in grid])
+            lo, hi = best(lo, grid * hi0)
         if lo0 < 0:
-            lo, hi = best([(t * lo0, hi) for t in grid])
+            lo, hi = best(grid * lo0, hi)
     return lo, hi
 
 
