@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pocket.formats import ops_vision
 from pocket.formats.errors import FormatError
 from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages use ops.X)
     INT8_ATTRS,
@@ -187,6 +188,12 @@ def _infer_softmax(node, ins, where: str) -> Out:
     return infer_unary_f32(node, ins, where)
 
 
+def _infer_clip(node, ins, where: str) -> Out:
+    a = node.attrs
+    need(a["min"] <= a["max"], where, f"min ({a['min']}) must be at most max ({a['max']})")
+    return infer_unary_f32(node, ins, where)
+
+
 def _infer_quantize(node, ins, where: str) -> Out:
     need(ins[0].dtype == "f32", where, f"quantize reads f32, got {ins[0].dtype}")
     check_qparams(node.attrs, "", where)
@@ -219,10 +226,19 @@ _ACTIVATIONS = [
        Fusion(7, False), INT8_F32, Onnx("HardSwish")),
     Op("hardsigmoid", 1, 1, {}, infer_unary_f32, "relu6(x + 3) / 6 (PyTorch's hardsigmoid)",
        Fusion(8, True), INT8_F32, Onnx("HardSigmoid", {"alpha": 1.0 / 6.0, "beta": 0.5})),
+    # relu6 is clip(0, 6). It fuses (relu6, ReLU-N) only with min at its default 0: the engine's
+    # epilogues carry one activation parameter, here max; an int8 layer clamps its codes to
+    # [y_zero_point, quantize(max)]. Any other min stays a node of its own.
+    Op("clip", 1, 1, {"min": Attr("float", 0.0), "max": Attr("float", 6.0)}, _infer_clip,
+       "min(max(x, min), max); NaN stays NaN", Fusion(9, True, ("max",)), INT8_FUSE),
+    Op("silu", 1, 1, {}, infer_unary_f32, "x * sigmoid(x) (swish; Ramachandran et al., 2017)",
+       Fusion(10, False), INT8_F32),
 ]
 # What conv2d/linear's `activation` attr may hold.
 FUSED = ("none", *(op.name for op in _ACTIVATIONS))
-_LAYER = {"activation": Attr("str", "none", FUSED), "alpha": Attr("float", 0.01), **INT8_ATTRS}
+# alpha: leaky_relu's slope; max: a fused clip's upper bound (set where clip fuses; 6 if absent)
+_LAYER = {"activation": Attr("str", "none", FUSED), "alpha": Attr("float", 0.01),
+          "max": Attr("float", None), **INT8_ATTRS}
 
 OPS: dict[str, Op] = {
     op.name: op
@@ -267,7 +283,7 @@ OPS: dict[str, Op] = {
 
 # Op families live in modules of their own (`ops_<family>.py`, written against opschema alone),
 # each listing its entries in ENTRIES: import the module here and name it in _FAMILIES.
-_FAMILIES: tuple = ()
+_FAMILIES: tuple = (ops_vision,)
 for _family in _FAMILIES:
     for _op in _family.ENTRIES:
         if _op.name in OPS:

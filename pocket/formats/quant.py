@@ -14,7 +14,9 @@ One definition, so that every producer and consumer rounds the same way:
 - Accumulation: acc[o] = sum((x_q - x_zp) * w_q) + b_q[o], exact in int32.
 - Requantization to int8: y_q = clip(round_half_even(acc * M[o]) + y_zp, lo, 127) with
   M[o] = x_scale * w_scale[o] / y_scale in float64 and the product in float64; lo = y_zp when
-  the node fuses relu (relu(y) quantizes to max(y_q, y_zp)), else -128.
+  the node fuses relu (relu(y) quantizes to max(y_q, y_zp)), else -128. A fused clip (min 0,
+  max) clamps to [y_zp, hi] with hi = quantize(max): clip then quantize equals quantize then
+  clamp, since rounding is monotone. hi is 127 otherwise.
 - Output to float32: y = float32(acc * (x_scale * w_scale[o])) in float64, then the activation.
 """
 
@@ -102,13 +104,13 @@ def requant_multiplier(x_scale: float, w_scale: np.ndarray, y_scale: float | Non
 
 
 def requantize(acc: np.ndarray, m: np.ndarray, y_zero_point: int, relu: bool,
-               axis: int = 1) -> np.ndarray:
-    """acc (N, O, ...) i32 -> i8. m (O,) f64 along `axis`."""
+               axis: int = 1, hi: int = QMAX) -> np.ndarray:
+    """acc (N, O, ...) i32 -> i8. m (O,) f64 along `axis`; hi the highest code (a clip's)."""
     shape = [1] * acc.ndim
     shape[axis] = -1
     y = np.rint(acc.astype(np.float64) * m.reshape(shape)) + y_zero_point
     lo = y_zero_point if relu else QMIN
-    return np.clip(y, lo, QMAX).astype(np.int8)
+    return np.clip(y, lo, hi).astype(np.int8)
 
 
 def sqnr_db(ref: np.ndarray, approx: np.ndarray) -> float:

@@ -130,14 +130,16 @@ def _int8_epilogue(a, acc: np.ndarray, w_scale) -> np.ndarray:
     if acc.min(initial=0) < q.INT32_MIN or acc.max(initial=0) > q.INT32_MAX:
         raise FormatError("int8 accumulator overflows int32")
     acc = acc.astype(np.int32)
-    relu_ = a.get("activation", "none") == "relu"
+    act = a.get("activation", "none")  # none, or one that fuses into int8 (ops.int8_fuses)
     if a.get("y_scale") is not None:
         m = q.requant_multiplier(a["x_scale"], w_scale, a["y_scale"])
-        return q.requantize(acc, m, a["y_zero_point"], relu_, axis=1)
+        hi = (int(q.quantize(np.float32(a.get("max", 6.0)), a["y_scale"], a["y_zero_point"]))
+              if act == "clip" else q.QMAX)  # a fused clip has min 0, like relu
+        return q.requantize(acc, m, a["y_zero_point"], act != "none", axis=1, hi=hi)
     m = q.requant_multiplier(a["x_scale"], w_scale, None)
     shape = (1, -1) + (1,) * (acc.ndim - 2)
     y = (acc.astype(np.float64) * m.reshape(shape)).astype(np.float32)
-    return np.where(y < 0, np.float32(0), y) if relu_ else y
+    return y if act == "none" else _f32(_activate64(_f64(y), a))
 
 
 # --------------------------------------------------------------------------- linear and conv
@@ -374,3 +376,7 @@ def run_container(container, x: Mapping[str, np.ndarray] | np.ndarray, *,
         raise FormatError("container holds no graph")
     quant = {name: container.quant(name) for name in graph.params}
     return run(graph, container.tensors, x, quant, keep_all=keep_all)
+
+
+# The vision family (clip, silu, mul, channel_shuffle, slice); the activations by name here too.
+from pocket.formats.reference_vision import clip, silu  # noqa: E402, F401

@@ -77,7 +77,7 @@ def _box(g, ho):
 
 @njit(cache=True, inline="always")
 def _act_run(of, lo, hi, act, alpha):
-    """of[lo:hi] through activation `act` in place; ReLU and leaky ReLU vectorized, NaN kept."""
+    """of[lo:hi] through activation `act` in place; ReLU, leaky ReLU, relu6 vectorized, NaN kept."""
     zero = np.float32(0.0)
     if act == 1:
         for t in range(lo, hi):
@@ -88,6 +88,12 @@ def _act_run(of, lo, hi, act, alpha):
         for t in range(lo, hi):
             v = of[np.uint64(t)]
             of[np.uint64(t)] = v if v >= zero else a * v
+    elif act == 9:
+        top = np.float32(alpha)  # relu6: clip's max; float32 equals activate's (monotone rounding)
+        for t in range(lo, hi):
+            v = of[np.uint64(t)]
+            v = zero if v < zero else v
+            of[np.uint64(t)] = top if v > top else v
     elif act != 0:
         for t in range(lo, hi):
             of[t] = activate(np.float64(of[t]), act, alpha)

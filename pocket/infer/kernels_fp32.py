@@ -31,7 +31,8 @@ _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 @njit(cache=True, inline="always")
 def activate(v, act, alpha):
-    """One float64 value through activation code `act`; float64 so float32 rounds once."""
+    """One float64 value through activation code `act`; float64 so float32 rounds once.
+    alpha is the activation's one parameter: leaky_relu's slope, clip's max."""
     if act == 1:
         return 0.0 if v < 0.0 else v  # NaN stays NaN, as in formats/reference.py
     if act == 2:
@@ -49,6 +50,12 @@ def activate(v, act, alpha):
         t = v + 3.0
         t = 0.0 if t < 0.0 else (6.0 if t > 6.0 else t)
         return v * t / 6.0 if act == 7 else t / 6.0
+    if act == 9:
+        # clip fused with min 0 (relu6): alpha is its max; NaN stays NaN
+        t = 0.0 if v < 0.0 else v
+        return alpha if t > alpha else t
+    if act == 10:
+        return v / (1.0 + math.exp(-v))  # silu; exp overflows to inf, so -0 far left
     return v
 
 
@@ -92,13 +99,18 @@ def bias_act(out, y, rb, cb, b, act, alpha):
 @njit(cache=True, inline="always")
 def bias_act_run(dst, src, n, bo, act, alpha):
     """dst[:n] = activation(src[:n] + bo) (dst may be src): one contiguous loop, vectorized
-    for none and ReLU."""
+    for none, ReLU and relu6."""
     if act == 0:
         for i in range(n):
             dst[i] = src[i] + bo
     elif act == 1:
         for i in range(n):
             dst[i] = relu(src[i] + bo)
+    elif act == 9:
+        hi = np.float32(alpha)  # relu6 in float32 equals activate's: rounding is monotone
+        for i in range(n):
+            v = relu(src[i] + bo)
+            dst[i] = hi if v > hi else v
     else:
         for i in range(n):
             dst[i] = activate(np.float64(src[i] + bo), act, alpha)

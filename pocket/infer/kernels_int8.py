@@ -12,8 +12,10 @@ converted to float32 in the engine's scratch (weights too, once per call, so no 
 the weights outlives a call), split over K in chunks of EXACT_K so every partial sum is an
 integer below 2**24. BLAS sgemm runs 3-4x faster than the vectorized int8 dot (`gemm_q`).
 
-Epilogue: to int8 y = clip(rint(acc * m[o]) + y_zp, lo, 127) with m in float64 (lo = y_zp when
-relu is fused), or to float32 y = float32(acc * m[o]) then relu.
+Epilogue: to int8 y = clip(rint(acc * m[o]) + y_zp, lo, hi) with m in float64 (lo = y_zp when
+relu or clip is fused, hi = quantize(max) for a clip, else -128 and 127), or to float32
+y = float32(acc * m[o]) then relu (also for clip) and the ceiling (a clip's max, else inf). The
+kernels pass the three bounds through as one tuple, `lo` = (lo, hi, ceiling).
 """
 
 from __future__ import annotations
@@ -91,16 +93,17 @@ def weight_sums(w):
 
 
 @njit(cache=True, inline="always")
-def _epilogue(acc, m, y_zp, lo, to_int8, relu):
-    """One int32 accumulator -> int8 code or float32 value (see the module docstring)."""
+def _epilogue(acc, m, y_zp, clamp, to_int8, relu):
+    """One int32 accumulator -> int8 code or float32 value (see the module docstring);
+    clamp = (lowest code, highest code, float32 ceiling)."""
     v = np.float64(acc) * m
     if to_int8:
         # NOTE: np.rint is a libm call per element that keeps the loops scalar (3.1 ns an
         # output on 4-wide rows); clamping first keeps the _ROUND64 trick exact
         v = min(max(v, -_SAT64), _SAT64)
-        return min(max((v + _ROUND64) - _ROUND64 + y_zp, lo), 127.0)
+        return min(max((v + _ROUND64) - _ROUND64 + y_zp, clamp[0]), clamp[1])
     v = np.float64(np.float32(v))
-    return max(v, 0.0) if relu else v
+    return min(max(v, 0.0) if relu else v, clamp[2])
 
 
 @kernel

@@ -17,7 +17,7 @@ from pocket.formats import ops
 from pocket.formats.ir import Node
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
-from pocket.infer import routes
+from pocket.infer import lowering_vision, routes
 from pocket.infer.lowering_common import _pool_geom
 from pocket.infer.lowering_conv import _b_conv2d, _prep_conv2d, fusable_pools, padded_pairs
 from pocket.infer.plan import PlanContext
@@ -111,10 +111,12 @@ def _b_quantize(ctx, step, node, n):
 
 
 BUILDERS = ops.register_table("engine", {
-    **dict.fromkeys(ops.activations(), _b_unary),  # kernels_fp32.unary on the op's ACT code
+    # kernels_fp32.unary on the op's ACT code, for the activations no family builds itself
+    **{op: _b_unary for op in ops.activations() if op not in lowering_vision.BUILDERS},
     "linear": _b_linear, "conv2d": _b_conv2d, "batchnorm": _b_batchnorm,
     "maxpool2d": _b_maxpool2d, "avgpool2d": _b_avgpool2d,
     "global_avgpool": _b_global_avgpool, "flatten": _b_alias, "reshape": _b_alias,
     "dropout": _b_alias, "add": _b_add, "concat": _b_concat, "softmax": _b_softmax,
     "quantize": _b_quantize, "dequantize": _b_quantize,
 })
+BUILDERS.update(lowering_vision.BUILDERS)

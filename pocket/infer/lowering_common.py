@@ -3,6 +3,7 @@ scratch sizes of the VNNI routes, activation codes."""
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,11 @@ def _act_code(a: dict) -> int:
     return kf.ACT[a.get("activation", "none")]
 
 
+def _act_alpha(a: dict) -> float:
+    """The one activation parameter the kernels take: leaky_relu's slope, a fused clip's max."""
+    return a.get("max", 6.0) if a.get("activation", "none") == "clip" else a["alpha"]
+
+
 def _int8_consts(ctx: PlanContext, node: Node, w: np.ndarray) -> dict:
     a = node.attrs
     qp = ctx.quant(node.inputs[1])
@@ -57,15 +63,22 @@ def _int8_consts(ctx: PlanContext, node: Node, w: np.ndarray) -> dict:
     wsum = ki.weight_sums(w.reshape(o, -1))
     b = ctx.params[node.inputs[2]] if len(node.inputs) > 2 else np.zeros(o, np.int32)
     to_int8 = a.get("y_scale") is not None
-    relu = a.get("activation", "none") == "relu"
+    act = a.get("activation", "none")
+    relu = act in ("relu", "clip")  # both clamp at 0 (a fused clip has min 0)
     y_zp = a["y_zero_point"] if to_int8 else 0
+    # kernels_int8._epilogue's clamp: the lowest and highest int8 code, and the ceiling of a
+    # float32 output; a fused clip's max quantizes like any value (quant.requantize)
+    top = np.float32(a.get("max", 6.0))
+    hi_q = qm.quantize(top, a["y_scale"], y_zp) if to_int8 and act == "clip" else qm.QMAX
+    hi_f = float(top) if act == "clip" else math.inf
     return {
         # NOTE: int64, so b_q - x_zp * wsum never wraps, whatever the weights.
         "bias_adj": b.astype(np.int64) - np.int64(a["x_zero_point"]) * wsum.astype(np.int64),
         # the VNNI kernels read x_q + 128 as unsigned bytes: the shift folds in like x_zp
         "bias_u8": b.astype(np.int64) - np.int64(a["x_zero_point"] + 128) * wsum.astype(np.int64),
         "m": qm.requant_multiplier(a["x_scale"], w_scale, a.get("y_scale")),
-        "to_int8": to_int8, "y_zp": float(y_zp), "lo": float(y_zp if relu else qm.QMIN), "relu": relu,
+        "to_int8": to_int8, "y_zp": float(y_zp), "relu": relu,
+        "lo": (float(y_zp if relu else qm.QMIN), float(hi_q), hi_f),
     }
 
 

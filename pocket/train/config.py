@@ -205,16 +205,26 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _check_layers(where: str, layers: list) -> None:
-    """The numbers in a layer list, named the way the config names them."""
-    if not layers:
+def _check_layers(where: str, layers: list, name: str = "[model] layers") -> None:
+    """The numbers in a layer list, named the way the config names them; a block's branches
+    (nested layer lists, `[]` the identity) are checked the same way."""
+    if not layers and name == "[model] layers":
         raise ConfigError(f"{where}: [model] layers must list at least one layer (or remove it "
                           "and choose a [model] name)")
+    if not isinstance(layers, list):
+        raise ConfigError(f"{where}: {name} must be a list of tables like {{type = \"relu\"}}")
     for i, spec in enumerate(layers):
         if not isinstance(spec, dict):
-            raise ConfigError(f"{where}: [model] layers[{i}] must be a table like "
+            raise ConfigError(f"{where}: {name}[{i}] must be a table like "
                               "{type = \"relu\"}")
-        at = f"{where}: [model] layers[{i}] ({spec.get('type', '?')})"
+        at = f"{where}: {name}[{i}] ({spec.get('type', '?')})"
+        branches = spec.get("branches")
+        if branches is not None:
+            if not isinstance(branches, list) or not all(isinstance(b, list) for b in branches):
+                raise ConfigError(f"{at}: branches must be a list of layer lists, like "
+                                  "[[{type = \"relu\"}], []]")
+            for j, branch in enumerate(branches):
+                _check_layers(where, branch, f"{name}[{i}] (block) branches[{j}]")
         for key in _LAYER_POSITIVE:
             if key not in spec:
                 continue

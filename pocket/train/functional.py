@@ -830,3 +830,12 @@ ops.register_table("train", {
     "flatten": flatten, "reshape": reshape, "add": add, "concat": concat, "dropout": dropout,
     "softmax": softmax,
 })
+
+# The vision family as F.<name> too (mul is above; slice, which would shadow the builtin here,
+# is functional_vision.slice).
+from pocket.train.functional_vision import (  # noqa: E402, F401
+    channel_shuffle,
+    clip,
+    relu6,
+    silu,
+)

@@ -183,37 +183,48 @@ def _out_hw(size: int, k: int, s: int, p: int, d: int = 1) -> int:
 def from_layers(input_shape, num_outputs, layers: list[dict], rng=None) -> nn.Sequential:
     """Build a Sequential from a list of {type = "...", ...} tables; shapes are tracked so
     `in` sizes never need writing. The last linear may omit `out`: it becomes the head."""
+    return build_layers(input_shape, num_outputs, layers, rng)[0]
+
+
+def build_layers(input_shape, num_outputs, layers: list[dict], rng=None,
+                 where: str = "[model] layers", head: bool = True) -> tuple[nn.Sequential, tuple]:
+    """from_layers with the output shape, for nested lists (a block's branches): `where`
+    names the list in errors; `head` says whether its last linear may omit `out`."""
     if not isinstance(layers, list | tuple):
-        raise ModelError(f"[model] layers must be a list of tables, got {layers!r}")
+        raise ModelError(f"{where} must be a list of tables, got {layers!r}")
     shape = tuple(input_shape)
     mods: list[nn.Module] = []
     # The head is the last linear, which may still be followed by e.g. a softmax.
-    head = max((i for i, s in enumerate(layers) if isinstance(s, dict) and s.get("type") == "linear"),
-               default=-1)
+    last = max((i for i, s in enumerate(layers) if isinstance(s, dict) and s.get("type") == "linear"),
+               default=-1) if head else -1
     for i, spec in enumerate(layers):
-        where = f"[model] layers[{i}]"
+        here = f"{where}[{i}]"
         if not isinstance(spec, dict) or "type" not in spec:
-            raise ModelError(f"{where}: each layer is a table with a 'type'")
+            raise ModelError(f"{here}: each layer is a table with a 'type'")
         kind = spec["type"]
         if kind not in _LAYER_KEYS:
             close = difflib.get_close_matches(str(kind), _LAYER_KEYS, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(_LAYER_KEYS)}"
-            raise ModelError(f"{where}: unknown layer type {kind!r}{hint}")
+            raise ModelError(f"{here}: unknown layer type {kind!r}{hint}")
         extra = set(spec) - _LAYER_KEYS[kind] - {"type"}
         if extra:
-            raise ModelError(f"{where} ({kind}): unknown key(s) {', '.join(sorted(extra))}; "
+            raise ModelError(f"{here} ({kind}): unknown key(s) {', '.join(sorted(extra))}; "
                              f"it takes {', '.join(sorted(_LAYER_KEYS[kind])) or 'none'}")
         try:
-            m, shape = _layer(kind, spec, shape, num_outputs, i == head, rng)
+            m, shape = _layer(kind, spec, shape, num_outputs, i == last, rng, here)
         except (TypeError, ValueError, IndexError) as e:
-            raise ModelError(f"{where} ({kind}): {e} (input shape {list(shape)})") from None
+            raise ModelError(f"{here} ({kind}): {e} (input shape {list(shape)})") from None
         mods.append(m)
-    return nn.Sequential(*mods)
+    return nn.Sequential(*mods), shape
 
 
-def _layer(kind, spec, shape, num_outputs, last, rng):
+def _layer(kind, spec, shape, num_outputs, last, rng, where):
     if kind in _BUILDERS:
-        return _BUILDERS[kind](spec, shape, num_outputs, last, rng)
+        fn = _BUILDERS[kind]
+        # A nesting kind (a block) takes `where` so its inner errors name their place.
+        if "where" in inspect.signature(fn).parameters:
+            return fn(spec, shape, num_outputs, last, rng, where=where)
+        return fn(spec, shape, num_outputs, last, rng)
     if kind == "linear":
         if len(shape) != 1:
             raise ValueError("linear needs a flat input; add {type = \"flatten\"} before it")
@@ -224,6 +235,8 @@ def _layer(kind, spec, shape, num_outputs, last, rng):
     if kind in ("conv2d", "residual"):
         if len(shape) != 3:
             raise ValueError(f"{kind} needs (C, H, W) input")
+        if "out" not in spec:
+            raise ValueError("give 'out' (its number of output channels)")
         c, h, w = shape
         if kind == "residual":
             s = spec.get("stride", 1)
@@ -306,3 +319,7 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
     _check_zoo_args(kwargs)
     kwargs.update({k: model_cfg[k] for k in model_options(name) if model_cfg.get(k) is not None})
     return ZOO[name](tuple(input_shape), num_outputs, rng=rng, **kwargs)
+
+
+# The families' layer-list kinds and zoo entries register themselves on import.
+from pocket.train import models_block, models_edge, models_vision  # noqa: E402, F401

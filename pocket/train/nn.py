@@ -462,3 +462,16 @@ class ResidualBlock(Module):
     def forward(self, x):
         y = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))
         return self.relu2(self.add(y, x if self.shortcut is None else self.shortcut(x)))
+
+
+# The vision family's layers (nn_vision.py), as nn.<Name>.
+from pocket.train.nn_vision import ChannelShuffle, Clip, Mul, ReLU6, SiLU, Slice  # noqa: E402, F401
+
+
+def __getattr__(name: str):
+    # NOTE: nn.Block lives in nn_block, which registers its tracer and so imports trace, which
+    # imports this module: a lazy attribute keeps the import order free.
+    if name == "Block":
+        from pocket.train.nn_block import Block
+        return Block
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -88,8 +88,9 @@ def test_kernel_codes_compute_their_op():
 
     x = _grid().astype(np.float32)
     for name, code in kf.ACT.items():
-        op, attrs = (name, {"alpha": 0.3}) if name != "gelu_tanh" else ("gelu",
-                                                                        {"approximate": "tanh"})
+        # 0.3: the one activation parameter the kernels take (leaky_relu's alpha, clip's max)
+        op, attrs = ((name, {"alpha": 0.3, "max": 0.3}) if name != "gelu_tanh"
+                     else ("gelu", {"approximate": "tanh"}))
         want = x if name == "none" else ref.__dict__[op](attrs, x)
         got = np.empty_like(x)
         kf.unary(got, x, code, 0.3)

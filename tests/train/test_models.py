@@ -28,8 +28,15 @@ EVERY_LAYER = [
     {"type": "gelu", "approximate": "tanh"},
     {"type": "sigmoid"},
     {"type": "hardswish"},
-    {"type": "global_avgpool"},                                     # (8, 1, 1)
-    {"type": "flatten"},                                            # (8,)
+    {"type": "relu6"},
+    {"type": "clip", "min": -1.0, "max": 1.0},
+    {"type": "silu"},
+    {"type": "channel_shuffle", "groups": 4},
+    {"type": "slice", "axis": 3, "start": 1, "end": 3},             # (8, 4, 2)
+    {"type": "block", "merge": "concat", "activation": "tanh",
+     "branches": [[{"type": "relu"}], []]},                         # (16, 4, 2)
+    {"type": "global_avgpool"},                                     # (16, 1, 1)
+    {"type": "flatten"},                                            # (16,)
     {"type": "linear", "out": 16},
     {"type": "batchnorm", "eps": 1e-3, "momentum": 0.2},            # 1-D
     {"type": "tanh"},

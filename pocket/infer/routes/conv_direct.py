@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from pocket.infer import kernels_fp32 as kf
-from pocket.infer.lowering_common import _act_code
+from pocket.infer.lowering_common import _act_alpha, _act_code
 from pocket.infer.routes.base import Route, conv_prep, register
 
 
@@ -27,4 +27,4 @@ class ConvDirect(Route):
     def bind(self, ctx, step, node, d, n, pool=None):
         a = node.attrs
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
-        return [partial(kf.conv2d_direct, y, x, d["w"], d["b"], *d["geom"][2:], _act_code(a), a["alpha"])]
+        return [partial(kf.conv2d_direct, y, x, d["w"], d["b"], *d["geom"][2:], _act_code(a), _act_alpha(a))]

@@ -11,7 +11,7 @@ import numpy as np
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import lowering_common as lc
-from pocket.infer.lowering_common import _EMPTY_F32, _act_code, _aligned, _im2col, _register_epi
+from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned, _im2col, _register_epi
 from pocket.infer.routes.base import Route, conv_prep, register
 
 # On two or more threads an im2col conv with this many columns a chunk (batch 1 on 6x6 to
@@ -55,7 +55,7 @@ class ConvFmaCols(Route):
         a = node.attrs
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         o, k, p, geom = d["o"], d["k"], d["p"], d["geom"]
-        act, alpha = _act_code(a), a["alpha"]
+        act, alpha = _act_code(a), _act_alpha(a)
         y3, x_w = y.reshape(n, o, p), y.shape[3]
         pool, pool_geom = pool or (None, ())
         calls = []

@@ -12,7 +12,14 @@ import numpy as np
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import lowering_common as lc
-from pocket.infer.lowering_common import _EMPTY_F32, _act_code, _aligned, _pool_geom, _register_epi
+from pocket.infer.lowering_common import (
+    _EMPTY_F32,
+    _act_alpha,
+    _act_code,
+    _aligned,
+    _pool_geom,
+    _register_epi,
+)
 from pocket.infer.routes.base import ROUTES, Route, conv_prep, pitch_geometry, register, route_at
 from pocket.infer.routes.conv_fma_cols import fma_limits
 from pocket.infer.routes.conv_gemm_pitch import pitch_route_limits
@@ -66,7 +73,7 @@ class ConvFmaPitch(Route):
         a = node.attrs
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         o, k, geom = d["o"], d["k"], d["geom"]
-        act, alpha = _act_code(a), a["alpha"]
+        act, alpha = _act_code(a), _act_alpha(a)
         pool, pool_geom = pool or (None, ())
         kh, kw, sh, sw, ph, pw, dh, dw = geom
         calls = []

@@ -9,7 +9,7 @@ import numpy as np
 
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import lowering_common as lc
-from pocket.infer.lowering_common import _act_code, _aligned, _im2col
+from pocket.infer.lowering_common import _act_alpha, _act_code, _aligned, _im2col
 from pocket.infer.routes.base import Route, conv_prep, register
 
 
@@ -46,7 +46,7 @@ class ConvGemm(Route):
         a = node.attrs
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         o, k, p, geom = d["o"], d["k"], d["p"], d["geom"]
-        act, alpha = _act_code(a), a["alpha"]
+        act, alpha = _act_code(a), _act_alpha(a)
         y3, x_w = y.reshape(n, o, p), y.shape[3]
         pool, pool_geom = pool or (None, ())
         calls = []

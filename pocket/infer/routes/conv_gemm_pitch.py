@@ -10,7 +10,7 @@ import numpy as np
 
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import lowering_common as lc
-from pocket.infer.lowering_common import _act_code, _aligned
+from pocket.infer.lowering_common import _act_alpha, _act_code, _aligned
 from pocket.infer.routes.base import Route, conv_prep, pitch_geometry, register
 
 
@@ -46,7 +46,7 @@ class ConvGemmPitch(Route):
         a = node.attrs
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         o, k, geom = d["o"], d["k"], d["geom"]
-        act, alpha = _act_code(a), a["alpha"]
+        act, alpha = _act_code(a), _act_alpha(a)
         pool, pool_geom = pool or (None, ())
         kh, kw, sh, sw, ph, pw, dh, dw = geom
         calls = []

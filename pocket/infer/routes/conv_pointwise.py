@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_fp32 as kf
-from pocket.infer.lowering_common import _act_code
+from pocket.infer.lowering_common import _act_alpha, _act_code
 from pocket.infer.routes.base import Route, conv_prep, register
 
 
@@ -32,7 +32,7 @@ class ConvPointwise(Route):
         a = node.attrs
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         o, k, p = d["o"], d["k"], d["p"]
-        act, alpha = _act_code(a), a["alpha"]
+        act, alpha = _act_code(a), _act_alpha(a)
         y3 = y.reshape(n, o, p)
         return [partial(np.matmul, d["w2"], x.reshape(n, k, p), out=y3),
                 partial(kf.bias_act, y3, y3.reshape(n * o, p), o, 0, d["b"], act, alpha)]

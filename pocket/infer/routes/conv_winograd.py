@@ -14,7 +14,7 @@ from pocket.infer import kernels_fma_winograd as kfw
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_winograd as kwg
 from pocket.infer import lowering_common as lc
-from pocket.infer.lowering_common import _EMPTY_F32, _act_code, _aligned
+from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned
 from pocket.infer.routes.base import ROUTES, Route, conv_prep, register
 
 # fp32 3x3 stride-1 convs with at least this many input channels run as Winograd F(2x2, 3x3)
@@ -111,7 +111,7 @@ class ConvWinograd(Route):
         a = node.attrs
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         o, geom = d["o"], d["geom"]
-        act, alpha = _act_code(a), a["alpha"]
+        act, alpha = _act_code(a), _act_alpha(a)
         pool, pool_geom = pool or (None, ())
         calls = []
         for start in range(0, n, d["chunk"]):

@@ -8,7 +8,7 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_fp32 as kf
-from pocket.infer.lowering_common import _EMPTY_F32, _act_code
+from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code
 from pocket.infer.routes.base import Route, register
 
 
@@ -32,4 +32,4 @@ class LinearBlas(Route):
         a = node.attrs
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         return [partial(np.matmul, x, d["wT"], out=y),
-                partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), a["alpha"])]
+                partial(kf.bias_act_rows, y, y, d["b"], _act_code(a), _act_alpha(a))]

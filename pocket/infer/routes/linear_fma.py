@@ -13,7 +13,14 @@ import numpy as np
 
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
-from pocket.infer.lowering_common import _EMPTY_F32, _LINEAR_SKEW, _act_code, _aligned, _register_epi
+from pocket.infer.lowering_common import (
+    _EMPTY_F32,
+    _LINEAR_SKEW,
+    _act_alpha,
+    _act_code,
+    _aligned,
+    _register_epi,
+)
 from pocket.infer.routes.base import ROUTES, Route, register
 from pocket.infer.routes.linear_blas import linear_prep
 from pocket.infer.routes.linear_chain import chained_input, chained_output
@@ -91,11 +98,11 @@ class LinearFma(Route):
                 # results there are never read
                 return [*calls, gemm(yt, cols, d["b"], epi)]
             return [*calls, gemm(yt, cols, _EMPTY_F32, 0),
-                    partial(kf.bias_act_cols, yt, n, d["b"], act, a["alpha"])]
+                    partial(kf.bias_act_cols, yt, n, d["b"], act, _act_alpha(a))]
         ldc = cols + _LINEAR_SKEW
         c = ctx.scratch(step, np.float32, (o, ldc), d["rows_at"])
         g = gemm(c, ldc, _EMPTY_F32, 0)
         if g.func is kfma.gemm:  # the GEMM and its epilogue in one call
             return [*calls, partial(kfma.gemm_t, y, c, w, xt, offs, o, cols, k, ldc, d["b"],
-                                    _act_code(a), a["alpha"])]
-        return [*calls, g, partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), a["alpha"])]
+                                    _act_code(a), _act_alpha(a))]
+        return [*calls, g, partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), _act_alpha(a))]

@@ -7,7 +7,7 @@ from functools import partial
 
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
-from pocket.infer.lowering_common import _EMPTY_F32, _act_code, _register_epi
+from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _register_epi
 from pocket.infer.routes.base import Route, register
 from pocket.infer.routes.linear_blas import linear_prep
 
@@ -36,4 +36,4 @@ class LinearGemv(Route):
         if epi is not None:  # the epilogue on the sums in registers
             return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"], d["b"], epi)]
         return [partial(kfma.gemv, y, x.reshape(n, -1), d["wf"], _EMPTY_F32, 0),
-                partial(kf.bias_act_rows, y, y, d["b"], act, a["alpha"])]
+                partial(kf.bias_act_rows, y, y, d["b"], act, _act_alpha(a))]
