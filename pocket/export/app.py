@@ -77,6 +77,16 @@ def export(ckpt_path: str | os.PathLike, out_path: str | os.PathLike | None = No
     timer = _Timer()
     ckpt_path = Path(ckpt_path)
     fmt = _format(fmt, out_path)
+    with timer("read"):
+        graph, params, calib, ckpt_meta = _read_checkpoint(
+            ckpt_path, need_calib=int8 and not calib_path)
+    # The run's [export] section gives the defaults; arguments (the CLI's flags) win.
+    cfg = (ckpt_meta.get("config") or {}).get("export") or {}
+    calib_method = calib_method if calib_method is not None else cfg.get("calibration")
+    percentile = percentile if percentile is not None else cfg.get("percentile")
+    int8_target = int8_target if int8_target is not None else cfg.get("int8_target")
+    if sensitivity_samples is None:
+        sensitivity_samples = cfg.get("sensitivity_samples")
     method = calib_method or "minmax"
     if method not in METHODS:
         raise ExportError(f"calibration method must be one of {', '.join(METHODS)}, "
@@ -84,13 +94,15 @@ def export(ckpt_path: str | os.PathLike, out_path: str | os.PathLike | None = No
     pct = DEFAULT_PERCENTILE if percentile is None else float(percentile)
     if not 50 < pct <= 100:
         raise ExportError(f"percentile must be in (50, 100], got {pct:g}")
-    if int8_target is not None and not math.isfinite(float(int8_target)):
+    if int8_target is not None and not (isinstance(int8_target, int | float)
+                                        and math.isfinite(int8_target)):
         raise ExportError(f"int8 target must be a finite SQNR in dB, got {int8_target}")
+    if sensitivity_samples is not None and not (isinstance(sensitivity_samples, int)
+                                                and sensitivity_samples >= 0):
+        raise ExportError(f"sensitivity samples must be a count >= 0, got {sensitivity_samples}")
     out = Path(out_path) if out_path is not None else ckpt_path.with_name(
         f"model{'.int8' if int8 else ''}.{fmt}")
     with timer("read"):
-        graph, params, calib, ckpt_meta = _read_checkpoint(
-            ckpt_path, need_calib=int8 and not calib_path)
         _check_supported(graph)
         if int8 and len(graph.inputs) != 1:
             raise ExportError(f"int8 export calibrates a single-input graph; this one has "

@@ -170,3 +170,23 @@ def test_cli_flags(tmp_path):
     assert r.returncode == 2 and "kl" in r.stderr
     r = _pocket(["export", "m.ckpt", "--int8", "--int8-target", "nan"], tmp_path)
     assert r.returncode == 3 and r.stderr.count("Error:") == 1 and "Traceback" not in r.stderr
+
+
+def test_the_runs_export_section_gives_defaults(tmp_path):
+    from pocket.train.config import ConfigError, merge
+
+    cfg = merge({"export": {"calibration": "percentile", "percentile": 99.9}})
+    assert cfg["export"]["int8_target"] is None
+    for bad in ({"calibration": "kl"}, {"percentile": 101.0}, {"int8_target": "high"},
+                {"sensitivity_samples": 1.5}):
+        with pytest.raises(ConfigError, match="export"):
+            merge({"export": bad})
+    g, p = residual_cnn(12)
+    path = tmp_path / "m.ckpt"
+    write_container(path, kind="checkpoint", graph=g, meta={"config": cfg},
+                    tensors={**p, "calib/x": smooth_images(np.random.default_rng(12), 40,
+                                                           (1, 8, 8))})
+    r = export(path, tmp_path / "a.bin", int8=True)
+    assert r["calibration"] == {"method": "percentile", "percentile": 99.9}
+    r = export(path, tmp_path / "b.bin", int8=True, calib_method="mse")
+    assert r["calibration"] == {"method": "mse"}
