@@ -190,9 +190,23 @@ def plot(run_dir, output, as_json):
 @click.option("--max-layer-error", type=click.FloatRange(min=0, min_open=True), metavar="F",
               help="int8 accuracy guard: layers whose relative output error exceeds F stay "
                    "fp32 (default 0.2).")
+@click.option("--calibration", "calib_method",
+              type=click.Choice(["minmax", "percentile", "mse", "entropy"]),
+              help="How int8 activation ranges are chosen: the observed min/max (default), a "
+                   "percentile, or the clip with the least squared error or KL divergence.")
+@click.option("--percentile", type=click.FloatRange(min=50, max=100, min_open=True),
+              metavar="P", help="Percentile for --calibration percentile (default 99.99).")
+@click.option("--int8-target", type=float, metavar="SQNR_DB",
+              help="Keep the most sensitive layers fp32 until the int8 model's output SQNR "
+                   "against fp32 reaches this (on the sensitivity samples).")
+@click.option("--sensitivity-samples", type=click.IntRange(min=0), metavar="N",
+              help="Report each layer's int8 sensitivity (the output SQNR with it alone in "
+                   "int8), measured on N calibration samples (default: only with --int8-target, "
+                   "on 16).")
 @click.option("--json", "as_json", is_flag=True, help="Print the export report as one JSON object.")
 @handle_errors
-def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, as_json):
+def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, calib_method,
+           percentile, int8_target, sensitivity_samples, as_json):
     """Turn a training checkpoint into a deployable model (.bin or .onnx).
 
     Folds batchnorm, fuses activations, drops dropout; with --int8 quantizes weights per
@@ -204,7 +218,9 @@ def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, 
 
     check_file(ckpt, "checkpoint")
     report = run_export(ckpt, output, fmt=fmt, int8=int8, calib_samples=calib_samples,
-                        calib_path=calib_path, max_layer_error=max_layer_error)
+                        calib_path=calib_path, max_layer_error=max_layer_error,
+                        calib_method=calib_method, percentile=percentile,
+                        int8_target=int8_target, sensitivity_samples=sensitivity_samples)
     emit(report, as_json, render)
 
 

@@ -1,7 +1,8 @@
 """fp32 graph -> int8 graph (DESIGN §6), with the arithmetic of `pocket.formats.quant`.
 
-1. Calibrate: run the fp32 graph through the reference interpreter on calibration samples and
-   record each value's range (min/max, or a percentile to ignore rare outliers).
+1. Calibrate: run the fp32 graph once through the reference interpreter on the calibration
+   samples, in chunks, and take each value's range from that pass (`pocket.export.calibrate`:
+   min/max, a percentile, or the MSE- or entropy-optimal clip).
 2. Plan: every int8 layer op (conv2d/linear, by their int8 policy in `pocket.formats.ops`)
    whose fused activation is none or one that fuses into int8 (relu) is a candidate. A value is
    kept in int8 when every reader consumes int8 (an int8 layer, or an op that passes int8
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pocket.export.calibrate import DEFAULT_PERCENTILE, Pass, batches, check_method, run_pass
 from pocket.export.transforms import DTYPE_NAMES, consumers
 from pocket.formats import ops, reference
 from pocket.formats import quant as Q
@@ -40,7 +42,6 @@ PASSTHROUGH = ops.with_int8(ops.INT8_PASS)
 DEFAULT_CALIB_SAMPLES = 256
 DEFAULT_MAX_LAYER_ERROR = 0.2  # relative RMS error per channel (about 14 dB)
 CHANNEL_FLOOR = 0.01
-BATCH = 64
 
 
 @dataclass
@@ -50,6 +51,9 @@ class Quantized:
     quant: dict[str, dict]
     layers: list[dict] = field(default_factory=list)   # one per conv2d/linear, in graph order
     weights: list[dict] = field(default_factory=list)  # error of each int8 weight tensor
+    calib: Pass | None = None                          # the fp32 pass it was calibrated on
+    ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    errors: dict[str, dict] = field(default_factory=dict)  # each candidate layer alone
 
     @property
     def layers_fp32(self) -> list[str]:
@@ -59,36 +63,30 @@ class Quantized:
 # --------------------------------------------------------------------------- calibration
 
 
-def _batches(x: np.ndarray):
-    for i in range(0, len(x), BATCH):
-        yield x[i:i + BATCH]
-
-
 def calibrate(graph: Graph, params: Mapping[str, np.ndarray], x: np.ndarray, *,
-              method: str = "minmax", percentile: float = 99.99) -> dict[str, tuple[float, float]]:
+              method: str = "minmax", percentile: float = DEFAULT_PERCENTILE
+              ) -> dict[str, tuple[float, float]]:
     """value name -> (lo, hi) over the calibration samples, for every f32 value of the graph."""
-    if method not in ("minmax", "percentile"):
-        raise ValueError(f"calibration method must be minmax or percentile, got {method!r}")
-    ranges: dict[str, tuple[float, float]] = {}
-    samples: dict[str, list[np.ndarray]] = {}
-    for xb in _batches(x):
-        env = reference.run(graph, params, xb, keep_all=True)
-        for name, v in env.items():
-            if name in graph.params or v.dtype != np.float32 or v.size == 0:
-                continue
-            lo, hi = float(v.min()), float(v.max())
-            old = ranges.get(name, (lo, hi))
-            ranges[name] = (min(lo, old[0]), max(hi, old[1]))
-            if method == "percentile":
-                # A strided subsample keeps memory bounded on big activations.
-                flat = v.reshape(-1)
-                samples.setdefault(name, []).append(flat[::max(1, flat.size // 200_000)])
-    if method == "percentile":
-        for name, parts in samples.items():
-            allv = np.concatenate(parts)
-            ranges[name] = (float(np.percentile(allv, 100 - percentile)),
-                            float(np.percentile(allv, percentile)))
-    return ranges
+    check_method(method)
+    return run_pass(graph, params, x, subsample=method != "minmax").ranges(method, percentile)
+
+
+class _Ranges(dict):
+    """Clipping ranges computed on first use: the histogram methods cost ~10 ms a value, and
+    only the values that get quantized need one."""
+
+    def __init__(self, p: Pass, method: str, percentile: float):
+        super().__init__()
+        self.p, self.method, self.percentile = p, method, percentile
+
+    def __missing__(self, v: str) -> tuple[float, float]:
+        self[v] = r = self.p.range(v, self.method, self.percentile)
+        return r
+
+
+def layer_values(graph: Graph) -> set[str]:
+    """The inputs and outputs of the int8 layer ops: what the guard reads from the pass."""
+    return {v for n in graph.nodes if n.op in LAYERS for v in (n.inputs[0], n.outputs[0])}
 
 
 # --------------------------------------------------------------------------- planning
@@ -177,8 +175,13 @@ def _fresh(name: str, taken) -> str:
     return f"{name}{i or ''}"
 
 
-def _layer_errors(graph: Graph, params, x: np.ndarray, plan: _Plan, ranges) -> dict[str, dict]:
-    """Each planned int8 layer alone vs its fp32 self on the calibration samples."""
+def _layer_errors(graph: Graph, params, x: np.ndarray, plan: _Plan, ranges,
+                  kept: list[dict[str, np.ndarray]] | None = None) -> dict[str, dict]:
+    """Each planned int8 layer alone vs its fp32 self on the calibration samples.
+
+    kept: the layers' fp32 inputs and outputs per chunk of the calibration pass; without it the
+    fp32 graph runs again, chunk by chunk (the same chunks, so the same sums).
+    """
     infos = graph.validate()
     minis = {}
     for node in graph.nodes:
@@ -198,8 +201,9 @@ def _layer_errors(graph: Graph, params, x: np.ndarray, plan: _Plan, ranges) -> d
         minis[node.name] = (g, p, quant, xv, yv)
 
     sums = {name: [0.0, 0.0, 0.0, 0.0] for name in minis}  # noise/signal per channel, total
-    for xb in _batches(x):
-        env = reference.run(graph, params, xb, keep_all=True)
+    envs = kept if kept is not None else (reference.run(graph, params, xb, keep_all=True)
+                                          for xb in batches(x))
+    for env in envs:
         for name, (g, p, quant, xv, yv) in minis.items():
             y = env[yv].astype(np.float64)
             yq = reference.run(g, p, env[xv], quant)[g.outputs[0]].astype(np.float64)
@@ -224,18 +228,35 @@ def _layer_errors(graph: Graph, params, x: np.ndarray, plan: _Plan, ranges) -> d
 
 def quantize_graph(graph: Graph, params: Mapping[str, np.ndarray], calib_x: np.ndarray, *,
                    max_layer_error: float | None = None, method: str = "minmax",
-                   percentile: float = 99.99) -> Quantized:
-    """The int8 version of a (folded, fused) fp32 graph; see the module docstring."""
+                   percentile: float = DEFAULT_PERCENTILE, calib: Pass | None = None,
+                   errors: dict[str, dict] | None = None,
+                   keep_fp32: Mapping[str, str] | None = None) -> Quantized:
+    """The int8 version of a (folded, fused) fp32 graph; see the module docstring.
+
+    calib: the calibration pass over calib_x, if the caller ran it already (`run_pass` with
+    subsample for the clipping methods and keep=layer_values(graph)); errors: the guard's layer
+    errors of an earlier call with the same pass; keep_fp32: layers to leave fp32 anyway, with
+    the reason the report gives (--int8-target's fallback).
+    """
     limit = DEFAULT_MAX_LAYER_ERROR if max_layer_error is None else float(max_layer_error)
+    check_method(method)
     graph.validate()
-    ranges = calibrate(graph, params, calib_x, method=method, percentile=percentile)
+    if calib is None:
+        calib = run_pass(graph, params, calib_x, subsample=method != "minmax",
+                         keep=layer_values(graph))
+    ranges = _Ranges(calib, method, percentile)
     int8, why = _candidates(graph)
     plan = _plan(graph, int8, ranges)
-    errors = _layer_errors(graph, params, calib_x, plan, ranges)
+    if errors is None:
+        errors = _layer_errors(graph, params, calib_x, plan, ranges, calib.kept)
     bad = {n for n, e in errors.items() if not e["error"] <= limit}
     for n in bad:
         why[n] = (f"int8 error {errors[n]['error']:.3g} exceeds max_layer_error {limit:g} "
                   f"(SQNR {errors[n]['sqnr_db']:.1f} dB)")
+    for n, reason in (keep_fp32 or {}).items():
+        if n in int8 and n not in bad:
+            bad.add(n)
+            why[n] = reason
     plan = _plan(graph, int8 - bad, ranges)
     qgraph, qparams, qinfo, weights = _build(graph, params, plan, ranges)
     layers = [{"name": n.name, "op": n.op, "int8": n.name in plan.int8,
@@ -243,7 +264,7 @@ def quantize_graph(graph: Graph, params: Mapping[str, np.ndarray], calib_x: np.n
                "sqnr_db": errors.get(n.name, {}).get("sqnr_db"),
                "reason": why.get(n.name)}
               for n in graph.nodes if n.op in LAYERS]
-    return Quantized(qgraph, qparams, qinfo, layers, weights)
+    return Quantized(qgraph, qparams, qinfo, layers, weights, calib, ranges, errors)
 
 
 def _build(graph: Graph, params, plan: _Plan, ranges):

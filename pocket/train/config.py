@@ -46,6 +46,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "memory": {"precision": "fp32", "accumulation": 1, "checkpointing": 0,
                "fp16_activations": False, "budget": None, "loss_scale": 65536.0,
                "growth_interval": 2000},
+    # How `pocket export --int8` calibrates this run's checkpoints (its flags win).
+    "export": {"calibration": "minmax", "percentile": 99.99, "int8_target": None,
+               "sensitivity_samples": None},
 }
 
 CHOICES = {
@@ -58,6 +61,7 @@ CHOICES = {
     ("train", "monitor"): ("auto", "val_loss", "val_accuracy", "val_r2", "val_mae", "val_rmse",
                            "train_loss"),
     ("train", "keep"): ("best", "last"),
+    ("export", "calibration"): ("minmax", "percentile", "mse", "entropy"),
 }
 
 # Keys whose default is None: the types a value may have.
@@ -68,7 +72,8 @@ OPTIONAL_TYPES: dict[tuple[str, str], tuple[type, ...]] = {
     ("data", "test"): (str,), ("data", "validation"): (str,),
     ("model", "layers"): (list,), ("model", "hidden"): (list,), ("model", "channels"): (list,),
     ("model", "width"): (int,), ("train", "clip_grad_norm"): (float,), ("train", "loss"): (str,),
-    ("memory", "budget"): (str, int),
+    ("memory", "budget"): (str, int), ("export", "int8_target"): (float,),
+    ("export", "sensitivity_samples"): (int,),
 }
 
 # Upper bounds past which a value is a typo, not a choice (lr = 1e30 trains to NaN in a step).
@@ -76,7 +81,7 @@ _AT_MOST = {("train", "lr"): 10.0, ("train", "weight_decay"): 1.0, ("train", "ep
             ("train", "gamma"): 10.0, ("memory", "loss_scale"): 2.0**32,
             ("train", "batch_size"): 2**24, ("train", "eval_batch_size"): 2**24,
             ("memory", "accumulation"): 2**16, ("train", "epochs"): 10**6,
-            ("memory", "checkpointing"): 4096}
+            ("memory", "checkpointing"): 4096, ("export", "percentile"): 100.0}
 _MAX_DEPTH = 16
 _TYPE_NAMES = {bool: "a bool (true/false)", int: "an int", float: "a float", str: "a str",
                list: "a list"}
@@ -85,6 +90,7 @@ _LAYER_POSITIVE = ("out", "kernel", "stride", "dilation", "groups")
 _AT_LEAST_1 = (("train", "epochs"), ("train", "batch_size"), ("memory", "accumulation"),
                ("train", "eval_batch_size"), ("train", "step_size"), ("memory", "growth_interval"))
 _AT_LEAST_0 = (("run", "seed"), ("run", "calib_samples"), ("data", "prefetch"),
+               ("export", "percentile"),
                ("train", "warmup_epochs"), ("train", "weight_decay"), ("train", "eps"),
                ("memory", "checkpointing"), ("train", "patience"), ("train", "min_delta"))
 
