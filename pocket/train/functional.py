@@ -830,3 +830,6 @@ ops.register_table("train", {
     "flatten": flatten, "reshape": reshape, "add": add, "concat": concat, "dropout": dropout,
     "softmax": softmax,
 })
+
+# Op families: their differentiable forwards register themselves in slot "train" on import.
+from pocket.train import functional_seqconv  # noqa: E402, F401

@@ -462,3 +462,13 @@ class ResidualBlock(Module):
     def forward(self, x):
         y = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))
         return self.relu2(self.add(y, x if self.shortcut is None else self.shortcut(x)))
+
+
+# Op families' layers, re-exported so that nn.<Layer> names every layer.
+from pocket.train.nn_seqconv import (  # noqa: E402, F401
+    AvgPool1d,
+    Conv1d,
+    GlobalAvgPool1d,
+    GlobalMaxPool1d,
+    MaxPool1d,
+)
