@@ -302,3 +302,7 @@ def _version() -> str:
     from pocket import __version__
 
     return __version__
+
+
+# Op families' ONNX mappings register themselves on import (they use _layer and _Builder above).
+from pocket.export import onnx_export_seqconv  # noqa: E402, F401

@@ -118,3 +118,10 @@ BUILDERS = ops.register_table("engine", {
     "dropout": _b_alias, "add": _b_add, "concat": _b_concat, "softmax": _b_softmax,
     "quantize": _b_quantize, "dequantize": _b_quantize,
 })
+
+# Op families' lowerings (lowering_<family>.py) register their builders; the engine reads
+# both tables from here.
+from pocket.infer import lowering_seqconv  # noqa: E402
+
+PREPARE.update(lowering_seqconv.PREPARE)
+BUILDERS.update(lowering_seqconv.BUILDERS)
