@@ -36,8 +36,13 @@ def im2col1d(col, x, k, s, pl, d, pad):
             xs = x[b, ch]
             for t in range(t0):
                 row[t] = pv
-            for t in range(t0, t1):
-                row[t] = np.float32(xs[t * s + off])
+            if s == 1:  # a contiguous run: a loop LLVM vectorizes
+                src = xs[t0 + off:t1 + off]
+                for t in range(t1 - t0):
+                    row[t0 + t] = np.float32(src[t])
+            else:
+                for t in range(t0, t1):
+                    row[t] = np.float32(xs[t * s + off])
             for t in range(t1, lo):
                 row[t] = pv
 
