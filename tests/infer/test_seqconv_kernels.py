@@ -58,6 +58,16 @@ def test_im2col1d_matches_its_twin(k, s, pl, pr, d):
     np.testing.assert_array_equal(col, naive_im2col1d(xq, k, s, pl, d, lo, -7.0))
 
 
+def test_pad_rows_matches_its_twin():
+    x = np.random.default_rng(6).standard_normal((3, 2, 5)).astype(np.float32)
+    xpad = np.full((2, 3 * 8 + 4), np.nan, np.float32)
+    ks.pad_rows(xpad, x, 2, 8)  # 2 zeros, 5 steps, 1 zero per sequence, then zeros
+    want = np.zeros_like(xpad)
+    for b in range(3):
+        want[:, b * 8 + 2:b * 8 + 7] = x[b]
+    np.testing.assert_array_equal(xpad, want)
+
+
 def test_conv1d_direct_and_global_max_match_their_twins():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 4, 9)).astype(np.float32)
@@ -104,11 +114,12 @@ CASES = [
                    "alpha": 0.2}),
     (3, 7, 6, 3, {"padding": [1, 1], "groups": 3, "activation": "gelu"}),  # direct loops
     (5, 6, 2, 1, {"stride": 3}),
+    (3, 32, 5, 3, {"padding": [2, 0], "activation": "relu"}),  # whole tiles: GEMM epilogue
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
-def test_conv1d_engine_matches_reference(case):
+def test_conv1d_engine_matches_reference(case, fp32_route):
     c, length, o, k, attrs = case
     rng = np.random.default_rng(2)
     attrs = dict(attrs)
@@ -120,16 +131,21 @@ def test_conv1d_engine_matches_reference(case):
             x = rng.standard_normal((n, c, length)).astype(np.float32)
             want = ref.run(g, params, x)[g.outputs[0]]
             np.testing.assert_allclose(eng.run(x), want, rtol=1e-5, atol=1e-5)
+        if fp32_route == "fma" and length % 16 == 0:
+            names = [getattr(c.func, "__name__", "") for c in eng._bind(1).calls]
+            assert not any("bias_act" in s for s in names), names
 
 
-def test_conv1d_engine_splits_the_batch_into_chunks(monkeypatch):
+def test_conv1d_engine_splits_the_batch_into_chunks(monkeypatch, fp32_route):
     monkeypatch.setattr(lowering_seqconv, "SCRATCH_BYTES", 1000)
+    monkeypatch.setattr(lowering_seqconv, "FMA_SCRATCH_BYTES", 1000)
     rng = np.random.default_rng(3)
     node, params = _conv(rng, "c", "x", 3, 4, 3, padding=[2, 0])
     g = _graph(3, 13, [node], params)
     x = rng.standard_normal((5, 3, 13)).astype(np.float32)
     with Engine(FakeContainer(g, params), max_batch=5) as eng:
         assert eng._prep[0]["chunk"] < 5
+        assert eng._prep[0].get("fma", False) == (fp32_route == "fma")
         np.testing.assert_allclose(eng.run(x), ref.run(g, params, x)[g.outputs[0]], rtol=1e-5,
                                    atol=1e-5)
 
