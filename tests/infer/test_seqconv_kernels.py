@@ -61,10 +61,16 @@ def test_im2col1d_matches_its_twin(k, s, pl, pr, d):
 def test_pad_rows_matches_its_twin():
     x = np.random.default_rng(6).standard_normal((3, 2, 5)).astype(np.float32)
     xpad = np.full((2, 3 * 8 + 4), np.nan, np.float32)
-    ks.pad_rows(xpad, x, 2, 8)  # 2 zeros, 5 steps, 1 zero per sequence, then zeros
+    ks.pad_rows(xpad, x, 2, 8, 0.0)  # 2 zeros, 5 steps, 1 zero per sequence, then zeros
     want = np.zeros_like(xpad)
     for b in range(3):
         want[:, b * 8 + 2:b * 8 + 7] = x[b]
+    np.testing.assert_array_equal(xpad, want)
+    xq = np.arange(30, dtype=np.int8).reshape(3, 2, 5)
+    ks.pad_rows(xpad, xq, 2, 8, -5.0)
+    want = np.full_like(xpad, -5.0)
+    for b in range(3):
+        want[:, b * 8 + 2:b * 8 + 7] = xq[b]
     np.testing.assert_array_equal(xpad, want)
 
 
@@ -179,13 +185,14 @@ def _int8_tcn_like(rng, c, length, k_big=False):
 
 
 @pytest.mark.parametrize("c", [3, 350])  # 350 * 3 taps: GEMMs in chunks of EXACT_K
-def test_int8_conv1d_engine_matches_reference_exactly(c):
+def test_int8_conv1d_engine_matches_reference_exactly(c, fp32_route):
     rng = np.random.default_rng(5)
     q = _int8_tcn_like(rng, c, 9)
     assert [r["int8"] for r in q.layers] == [True, True]
     with Engine(FakeContainer(q.graph, q.params, q.quant), max_batch=4) as eng:
         conv = eng.graph.nodes[1]
         assert conv.op == "conv1d" and "y_scale" in conv.attrs
+        assert eng._prep[1].get("fma", False) == (fp32_route == "fma" and c == 3)
         if c == 350:
             assert eng._prep[1]["kc"] == 2
         for n in (1, 4):
