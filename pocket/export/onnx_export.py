@@ -304,4 +304,6 @@ def _version() -> str:
     return __version__
 
 
-from pocket.export import onnx_export_vision  # noqa: E402, F401  (clip, silu, shuffle, slice)
+# Op families' ONNX mappings register themselves on import (they use _layer and _Builder above).
+from pocket.export import onnx_export_seqconv, onnx_export_vision  # noqa: E402, F401
+)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pocket.formats import ops_vision
+from pocket.formats import ops_seqconv, ops_vision
 from pocket.formats.errors import FormatError
 from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages use ops.X)
     INT8_ATTRS,
@@ -283,12 +283,15 @@ OPS: dict[str, Op] = {
 
 # Op families live in modules of their own (`ops_<family>.py`, written against opschema alone),
 # each listing its entries in ENTRIES: import the module here and name it in _FAMILIES.
-_FAMILIES: tuple = (ops_vision,)
+_FAMILIES: tuple = (ops_vision, ops_seqconv)
 for _family in _FAMILIES:
     for _op in _family.ENTRIES:
         if _op.name in OPS:
             raise ValueError(f"op {_op.name!r} of {_family.__name__} is already in the registry")
         OPS[_op.name] = _op
+    # a family layer that fuses activations (FUSES) takes conv2d/linear's attrs for them
+    for _name in getattr(_family, "FUSES", ()):
+        OPS[_name].attrs.update(_LAYER)
 
 
 # --------------------------------------------------------------------------- registration

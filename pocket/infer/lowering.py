@@ -120,3 +120,11 @@ BUILDERS = ops.register_table("engine", {
     "quantize": _b_quantize, "dequantize": _b_quantize,
 })
 BUILDERS.update(lowering_vision.BUILDERS)
+
+
+# Op families' lowerings (lowering_<family>.py) register their builders; the engine reads
+# both tables from here.
+from pocket.infer import lowering_seqconv  # noqa: E402
+
+PREPARE.update(lowering_seqconv.PREPARE)
+BUILDERS.update(lowering_seqconv.BUILDERS)

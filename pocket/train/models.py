@@ -322,4 +322,10 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
 
 
 # The families' layer-list kinds and zoo entries register themselves on import.
-from pocket.train import models_block, models_edge, models_vision  # noqa: E402, F401
+# Op families' zoo models and layer-list kinds register themselves on import.
+from pocket.train import (  # noqa: E402, F401
+    models_block,
+    models_edge,
+    models_seqconv,  # noqa: E402, F401
+    models_vision,
+)

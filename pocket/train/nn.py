@@ -475,3 +475,12 @@ def __getattr__(name: str):
         from pocket.train.nn_block import Block
         return Block
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+# Op families' layers, re-exported so that nn.<Layer> names every layer.
+from pocket.train.nn_seqconv import (  # noqa: E402, F401
+    AvgPool1d,
+    Conv1d,
+    GlobalAvgPool1d,
+    GlobalMaxPool1d,
+    MaxPool1d,
+)
