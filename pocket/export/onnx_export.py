@@ -306,4 +306,3 @@ def _version() -> str:
 
 # Op families' ONNX mappings register themselves on import (they use _layer and _Builder above).
 from pocket.export import onnx_export_seqconv, onnx_export_vision  # noqa: E402, F401
-)
