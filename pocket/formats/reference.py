@@ -364,3 +364,6 @@ def run_container(container, x: Mapping[str, np.ndarray] | np.ndarray, *,
         raise FormatError("container holds no graph")
     quant = {name: container.quant(name) for name in graph.params}
     return run(graph, container.tensors, x, quant, keep_all=keep_all)
+
+
+from pocket.formats import reference_seqattn  # noqa: E402, F401  (registers its ops' references)

@@ -830,3 +830,5 @@ ops.register_table("train", {
     "flatten": flatten, "reshape": reshape, "add": add, "concat": concat, "dropout": dropout,
     "softmax": softmax,
 })
+
+from pocket.train import functional_seqattn  # noqa: E402, F401  (registers its ops' "train")

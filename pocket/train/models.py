@@ -215,12 +215,13 @@ def _layer(kind, spec, shape, num_outputs, last, rng):
     if kind in _BUILDERS:
         return _BUILDERS[kind](spec, shape, num_outputs, last, rng)
     if kind == "linear":
-        if len(shape) != 1:
-            raise ValueError("linear needs a flat input; add {type = \"flatten\"} before it")
+        # over the last axis: (F,) -> (out,), and a sequence (L, F) -> (L, out)
+        if len(shape) not in (1, 2):
+            raise ValueError("linear needs a flat or (L, F) input; add {type = \"flatten\"} before it")
         out = spec.get("out", num_outputs if last else None)
         if out is None:
             raise ValueError("give 'out' (only the last linear may omit it)")
-        return nn.Linear(shape[0], out, bias=spec.get("bias", True), rng=rng), (out,)
+        return nn.Linear(shape[-1], out, bias=spec.get("bias", True), rng=rng), (*shape[:-1], out)
     if kind in ("conv2d", "residual"):
         if len(shape) != 3:
             raise ValueError(f"{kind} needs (C, H, W) input")
@@ -306,3 +307,6 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
     _check_zoo_args(kwargs)
     kwargs.update({k: model_cfg[k] for k in model_options(name) if model_cfg.get(k) is not None})
     return ZOO[name](tuple(input_shape), num_outputs, rng=rng, **kwargs)
+
+
+from pocket.train import models_seqattn  # noqa: E402, F401  (transformer, vit, sequence layers)
