@@ -32,19 +32,36 @@ def test_layernorm_kernel(rng, twin, rows, d):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("r,lq,ls", [(1, 1, 1), (6, 3, 5), (8, 4, 2), (7, 7, 7)])
+def test_attention_probs_kernel(rng, twin, causal, r, lq, ls):
+    s = (rng.standard_normal((r, ls)) * 4).astype(np.float32)
+    want = s.astype(np.float64) * 0.7
+    if causal:  # row r is query r % lq: it sees keys j <= r % lq
+        want[np.arange(ls)[None, :] > (np.arange(r) % lq)[:, None]] = -np.inf
+    want = np.exp(want - want.max(axis=1, keepdims=True))
+    want /= want.sum(axis=1, keepdims=True)
+    twin(ks.attention_probs)(s, 0.7, causal, lq)
+    np.testing.assert_allclose(s, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n,h,lq,ls,d,dv", [(1, 1, 1, 1, 1, 1), (1, 3, 5, 5, 4, 4),
                                             (2, 2, 3, 7, 5, 2), (3, 1, 6, 4, 3, 5)])
-def test_attention_kernel(rng, twin, causal, n, h, lq, ls, d, dv):
-    q = rng.standard_normal((n, h, lq, d)).astype(np.float32)
-    k = rng.standard_normal((n, h, ls, d)).astype(np.float32)
-    v = rng.standard_normal((n, h, ls, dv)).astype(np.float32)
-    scale = 0.7
-    out = np.full((n * h, lq, dv), np.nan, np.float32)
-    s = np.empty((n * h * lq, ls))
-    twin(ks.attention)(out, q.reshape(n * h, lq, d), k.reshape(n * h, ls, d),
-                       v.reshape(n * h, ls, dv), s, scale, causal)
-    want = R.attention({"causal": causal, "scale": scale}, q, k, v)
-    np.testing.assert_allclose(out.reshape(want.shape), want, rtol=1e-5, atol=2e-6)
+def test_engine_attention(tmp_path, rng, causal, n, h, lq, ls, d, dv):
+    """The engine's attention (GEMM, attention_probs, GEMM) against the reference, batch 1
+    and batched, causal, L != S, odd D."""
+    shapes = {"q": (h, lq, d), "k": (h, ls, d), "v": (h, ls, dv)}
+    g = Graph({k: ValueInfo("f32", ("N", *s)) for k, s in shapes.items()}, ["y"],
+              [Node("att", "attention", ["q", "k", "v"], ["y"], {"causal": causal, "scale": 0.6})],
+              {})
+    g.validate()
+    xs = {k: rng.standard_normal((n, *s)).astype(np.float32) for k, s in shapes.items()}
+    want = R.attention({"causal": causal, "scale": 0.6}, *xs.values())
+    e = _engine(tmp_path, g, {})
+    np.testing.assert_allclose(e.run_all(xs)["y"], want, rtol=1e-5, atol=2e-6)
+    first = {k: x[:1] for k, x in xs.items()}
+    np.testing.assert_allclose(e.run_all(first)["y"], want[:1], rtol=1e-5, atol=2e-6)
+    e.close()
 
 
 def test_gather_rows_reports_a_bad_id(rng):
