@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pocket.formats import ops_seqconv, ops_vision
+from pocket.formats import ops_seqattn, ops_seqconv, ops_vision
 from pocket.formats.errors import FormatError
 from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages use ops.X)
     INT8_ATTRS,
@@ -70,14 +70,16 @@ from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages us
 # --------------------------------------------------------------------------- shape inference
 
 def _infer_linear(node, ins, where: str) -> Out:
+    # (N, in) -> (N, out); fp32 also (N, ..., in) -> (N, ..., out), over the last axis
     x, w = ins[0], ins[1]
     check_x_dtype(node, x, where)
-    need(len(x.shape) == 2, where, f"input must be 2-D (N, features), got {list(x.shape)}")
+    need(len(x.shape) == 2 or (len(x.shape) > 2 and not is_int8_node(node)), where,
+         f"input must be 2-D (N, features) (fp32: or (N, ..., features)), got {list(x.shape)}")
     need(len(w.shape) == 2, where, f"weight must be 2-D [out, in], got {list(w.shape)}")
-    need(x.shape[1] == w.shape[1], where,
-         f"input has {x.shape[1]} features but weight expects {w.shape[1]}")
+    need(x.shape[-1] == w.shape[1], where,
+         f"input has {x.shape[-1]} features but weight expects {w.shape[1]}")
     check_weights(node, ins, where, w.shape[0])
-    return [(out_dtype(node), (x.shape[0], w.shape[0]))]
+    return [(out_dtype(node), (*x.shape[:-1], w.shape[0]))]
 
 
 def _infer_conv2d(node, ins, where: str) -> Out:
@@ -283,7 +285,7 @@ OPS: dict[str, Op] = {
 
 # Op families live in modules of their own (`ops_<family>.py`, written against opschema alone),
 # each listing its entries in ENTRIES: import the module here and name it in _FAMILIES.
-_FAMILIES: tuple = (ops_vision, ops_seqconv)
+_FAMILIES: tuple = (ops_vision, ops_seqconv, ops_seqattn)
 for _family in _FAMILIES:
     for _op in _family.ENTRIES:
         if _op.name in OPS:

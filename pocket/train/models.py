@@ -226,12 +226,13 @@ def _layer(kind, spec, shape, num_outputs, last, rng, where):
             return fn(spec, shape, num_outputs, last, rng, where=where)
         return fn(spec, shape, num_outputs, last, rng)
     if kind == "linear":
-        if len(shape) != 1:
-            raise ValueError("linear needs a flat input; add {type = \"flatten\"} before it")
+        # over the last axis: (F,) -> (out,), and a sequence (L, F) -> (L, out)
+        if len(shape) not in (1, 2):
+            raise ValueError("linear needs a flat or (L, F) input; add {type = \"flatten\"} before it")
         out = spec.get("out", num_outputs if last else None)
         if out is None:
             raise ValueError("give 'out' (only the last linear may omit it)")
-        return nn.Linear(shape[0], out, bias=spec.get("bias", True), rng=rng), (out,)
+        return nn.Linear(shape[-1], out, bias=spec.get("bias", True), rng=rng), (*shape[:-1], out)
     if kind in ("conv2d", "residual"):
         if len(shape) != 3:
             raise ValueError(f"{kind} needs (C, H, W) input")
@@ -321,11 +322,5 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
     return ZOO[name](tuple(input_shape), num_outputs, rng=rng, **kwargs)
 
 
-# The families' layer-list kinds and zoo entries register themselves on import.
-# Op families' zoo models and layer-list kinds register themselves on import.
-from pocket.train import (  # noqa: E402, F401
-    models_block,
-    models_edge,
-    models_seqconv,  # noqa: E402, F401
-    models_vision,
-)
+# The families' zoo models and layer-list kinds register themselves on import.
+from pocket.train import models_block, models_edge, models_seqattn, models_seqconv, models_vision  # noqa: E402, F401
