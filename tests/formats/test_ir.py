@@ -116,11 +116,13 @@ def every_op_graph() -> dict:
 
 
 def test_graph_uses_every_op():
-    # the core ops; an op family (ops._FAMILIES) tests its own in tests/formats/test_<family>_*
+    # every core op; an op family (ops._FAMILIES) may add its own here or test them in
+    # tests/formats/test_<family>_*
     from pocket.formats import ops
 
     family = {op.name for f in ops._FAMILIES for op in f.ENTRIES}
-    assert {n["op"] for n in every_op_graph()["nodes"]} == set(OPS) - family
+    used = {n["op"] for n in every_op_graph()["nodes"]}
+    assert set(OPS) - family <= used <= set(OPS)
 
 
 def _check_shapes(g: Graph):
