@@ -302,3 +302,7 @@ def _version() -> str:
     from pocket import __version__
 
     return __version__
+
+
+# Op families register their ONNX expansions from modules of their own.
+from pocket.export import onnx_export_ssm  # noqa: E402, F401

@@ -364,3 +364,7 @@ def run_container(container, x: Mapping[str, np.ndarray] | np.ndarray, *,
         raise FormatError("container holds no graph")
     quant = {name: container.quant(name) for name in graph.params}
     return run(graph, container.tensors, x, quant, keep_all=keep_all)
+
+
+# Op families register their references from modules of their own.
+from pocket.formats import reference_ssm  # noqa: E402, F401

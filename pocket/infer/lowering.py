@@ -118,3 +118,9 @@ BUILDERS = ops.register_table("engine", {
     "dropout": _b_alias, "add": _b_add, "concat": _b_concat, "softmax": _b_softmax,
     "quantize": _b_quantize, "dequantize": _b_quantize,
 })
+
+# Op families' preparations and builders, from modules of their own.
+from pocket.infer import lowering_ssm  # noqa: E402
+
+PREPARE.update(lowering_ssm.PREPARE)
+BUILDERS.update(lowering_ssm.BUILDERS)

@@ -830,3 +830,6 @@ ops.register_table("train", {
     "flatten": flatten, "reshape": reshape, "add": add, "concat": concat, "dropout": dropout,
     "softmax": softmax,
 })
+
+# Op families register their differentiable forwards from modules of their own.
+from pocket.train import functional_ssm  # noqa: E402, F401

@@ -462,3 +462,7 @@ class ResidualBlock(Module):
     def forward(self, x):
         y = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))
         return self.relu2(self.add(y, x if self.shortcut is None else self.shortcut(x)))
+
+
+# Op families' layers, reachable as nn.<Layer> (defined in nn_<family>.py).
+from pocket.train.nn_ssm import GLU, S4D, SSM, SSMBlock  # noqa: E402, F401

@@ -171,3 +171,7 @@ def trace(model: nn.Module, input_shape, metadata: dict | None = None,
     g.validate()
     params = {k: np.ascontiguousarray(state[k], dtype=np.float32) for k in b.params}
     return g, params
+
+
+# Op families register their tracers from modules of their own.
+from pocket.train import trace_ssm  # noqa: E402, F401
