@@ -1,0 +1,185 @@
+"""Sequence and attention primitives: layer normalisation, embedding lookup and scaled
+dot-product attention, each forward with its backward beside it (see train/functional.py for
+the primitive protocol). Batched matmul and transpose are functional.matmul/transpose.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pocket.train import backend
+from pocket.train.tensor import Tensor, as_tensor, primitive
+
+
+def _xp(a):
+    return backend.get_array_module(a)
+
+
+# ---------------------------------------------------------------- layer norm
+
+def _layer_norm_fwd(ctx, x, w, b, axis=-1, eps=1e-5):
+    # x (..., *S), w/b S -> y like x; statistics over the trailing dims S (from `axis` on)
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    # NOTE: fp16 statistics are taken in fp32: a sum of squares over D fp16 values loses its
+    # low bits long before the mean does.
+    xa = x.astype(np.float32) if x.dtype == np.float16 else x
+    mean = xa.mean(axis=axes, keepdims=True)
+    xc = xa - mean
+    var = (xc * xc).mean(axis=axes, keepdims=True)
+    invstd = 1.0 / _xp(x).sqrt(var + eps)
+    xhat = (xc * invstd).astype(x.dtype, copy=False)
+    ctx.save(xhat, invstd.astype(x.dtype, copy=False), w)
+    ctx.attrs["axes"] = axes
+    return xhat * w.astype(x.dtype, copy=False) + b.astype(x.dtype, copy=False)
+
+
+def _layer_norm_bwd(ctx, gy):
+    xhat, invstd, w = ctx.saved
+    axes = ctx.attrs["axes"]
+    lead = tuple(range(axes[0]))
+    gw = (gy * xhat).sum(axis=lead) if ctx.needs[1] else None
+    gb = gy.sum(axis=lead) if ctx.needs[2] else None
+    gx = None
+    if ctx.needs[0]:
+        g = gy * w.astype(gy.dtype, copy=False)
+        # d/dx of (x - mean) * invstd through the mean and the variance over `axes`
+        gx = invstd * (g - g.mean(axis=axes, keepdims=True)
+                       - xhat * (g * xhat).mean(axis=axes, keepdims=True))
+    return (gx, None if gw is None else gw.astype(w.dtype, copy=False),
+            None if gb is None else gb.astype(w.dtype, copy=False))
+
+
+_layer_norm = primitive("layernorm", _layer_norm_fwd, _layer_norm_bwd)
+
+
+def layer_norm(x, weight, bias, axis: int = -1, eps: float = 1e-5) -> Tensor:
+    """Layer normalisation over the dims from `axis` to the end, with an affine weight and
+    bias of those dims' shape. Ba, Kiros & Hinton, 2016."""
+    x = as_tensor(x)
+    if not -x.ndim <= axis < x.ndim or axis % x.ndim == 0:
+        raise ValueError(f"layer_norm axis {axis} must name a non-batch dim of a "
+                         f"{x.ndim}-D input")
+    norm = tuple(x.shape[axis % x.ndim:])
+    if tuple(weight.shape) != norm or tuple(bias.shape) != norm:
+        raise ValueError(f"layer_norm weight and bias must have shape {list(norm)}, got "
+                         f"{list(weight.shape)} and {list(bias.shape)}")
+    return _layer_norm(x, weight, bias, axis=axis % x.ndim, eps=float(eps))
+
+
+# ---------------------------------------------------------------- embedding
+
+def _embedding_fwd(ctx, w, indices=None):
+    # w (V, D), indices (...) int -> out (..., D)
+    ctx.attrs.update(indices=indices, shape=w.shape)
+    return w[indices]
+
+
+def _embedding_bwd(ctx, gy):
+    at = ctx.attrs
+    g = _xp(gy).zeros(at["shape"], gy.dtype)
+    backend.scatter_add(g, at["indices"], gy)  # a token seen twice gets both gradients
+    return (g,)
+
+
+_embedding = primitive("embedding", _embedding_fwd, _embedding_bwd)
+
+
+def as_indices(ids, num_embeddings: int):
+    """Integer token ids as int64 on ids' device; float ids must hold whole numbers (a data
+    loader may hand them over as float32). Ids outside [0, V) are a ValueError: NumPy would
+    wrap a negative one silently."""
+    a = ids.data if isinstance(ids, Tensor) else ids
+    xp = _xp(a)
+    a = xp.asarray(a)
+    if a.dtype.kind == "f":
+        r = xp.rint(a)
+        if bool((r != a).any()):
+            raise ValueError("embedding ids must be whole numbers")
+        a = r
+    elif a.dtype.kind not in "iu":
+        raise ValueError(f"embedding ids must be integers, got dtype {a.dtype}")
+    if a.size:
+        lo, hi = int(a.min()), int(a.max())
+        if lo < 0 or hi >= num_embeddings:
+            raise ValueError(f"embedding id {lo if lo < 0 else hi} is outside [0, "
+                             f"{num_embeddings}); the vocabulary has {num_embeddings} entries")
+    return a.astype(np.int64, copy=False)
+
+
+def embedding(ids, weight) -> Tensor:
+    """weight[ids]: ids (...) integer in [0, V), weight (V, D) -> (..., D)."""
+    weight = as_tensor(weight)
+    return _embedding(weight, indices=as_indices(ids, weight.shape[0]))
+
+
+# ---------------------------------------------------------------- attention
+
+def causal_mask(xp, lq: int, lk: int, dtype):
+    """(lq, lk): 0 where key j <= query i, -inf above (the upper-left aligned triangle,
+    as torch's is_causal)."""
+    keep = xp.tril(xp.ones((lq, lk), dtype=bool))
+    return xp.where(keep, 0.0, -np.inf).astype(dtype)
+
+
+def _attention_fwd(ctx, q, k, v, causal=False, scale=1.0, dropout_p=0.0, rng=None):
+    # q (..., L, D), k (..., S, D), v (..., S, Dv) -> out (..., L, Dv)
+    xp = _xp(q)
+    s = (q @ k.swapaxes(-1, -2)) * q.dtype.type(scale)
+    if causal:
+        s += causal_mask(xp, q.shape[-2], k.shape[-2], s.dtype)
+    s -= s.max(axis=-1, keepdims=True)
+    p = xp.exp(s, out=s)
+    p /= p.sum(axis=-1, keepdims=True)
+    mask = None
+    if dropout_p:
+        mask = backend.dropout_mask(p.shape, p, dropout_p, rng)
+        pd = p * mask
+    else:
+        pd = p
+    n = ctx.needs
+    ctx.save(q if n[1] else None, k if n[0] else None, v if (n[0] or n[1]) else None,
+             p if (n[0] or n[1]) else None, mask, pd if n[2] else None)
+    ctx.attrs["scale"] = scale
+    return pd @ v
+
+
+def _attention_bwd(ctx, gy):
+    q, k, v, p, mask, pd = ctx.saved
+    scale = gy.dtype.type(ctx.attrs["scale"])
+    n = ctx.needs
+    gv = pd.swapaxes(-1, -2) @ gy if n[2] else None
+    gq = gk = None
+    if n[0] or n[1]:
+        gp = gy @ v.swapaxes(-1, -2)
+        if mask is not None:
+            gp *= mask
+        # softmax backward; masked entries have p = 0 and so get no gradient
+        gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True))
+        gs *= scale
+        gq = gs @ k if n[0] else None
+        gk = gs.swapaxes(-1, -2) @ q if n[1] else None
+    return gq, gk, gv
+
+
+_attention = primitive("attention", _attention_fwd, _attention_bwd)
+
+
+def attention(q, k, v, causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
+              rng=None) -> Tensor:
+    """softmax(q k^T * scale [+ causal mask]) v over the last two dims; scale defaults to
+    1/sqrt(D). Dropout (training only) drops attention weights, as torch does. Vaswani et al.,
+    2017."""
+    q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"attention wants q, k, v of one rank >= 2, got {q.shape}, {k.shape}, "
+                         f"{v.shape}")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} do not fit "
+                         "(q and k share D, k and v share the length)")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"attention dropout must be in [0, 1), got {dropout_p}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _attention(q, k, v, causal=bool(causal), scale=scale, dropout_p=float(dropout_p),
+                      rng=rng)
