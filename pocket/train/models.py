@@ -306,3 +306,7 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
     _check_zoo_args(kwargs)
     kwargs.update({k: model_cfg[k] for k in model_options(name) if model_cfg.get(k) is not None})
     return ZOO[name](tuple(input_shape), num_outputs, rng=rng, **kwargs)
+
+
+# Op families' zoo models and layer-list kinds, from modules of their own.
+from pocket.train import models_ssm  # noqa: E402, F401

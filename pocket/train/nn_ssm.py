@@ -11,6 +11,7 @@ import numpy as np
 
 from pocket.train import functional_ssm as FS
 from pocket.train import init, nn
+from pocket.train.nn_seqattn import LayerNorm
 from pocket.train.tensor import Parameter
 
 
@@ -83,7 +84,7 @@ class SSMBlock(nn.Module):
         if mix not in ("glu", "gelu"):
             raise ValueError(f"SSMBlock mix must be 'glu' or 'gelu', got {mix!r}")
         self.mix = mix
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = LayerNorm(d_model)
         self.ssm = S4D(d_model, d_state, bidirectional, rng=rng)
         self.act = nn.GELU()
         self.out = nn.Linear(d_model, 2 * d_model if mix == "glu" else d_model, rng=rng)
