@@ -61,6 +61,7 @@ class _Builder:
         self.nodes: list = []
         self.inits: dict[str, object] = {}
         self.qparams: dict[str, tuple[float, int]] = {}  # int8 value -> its scale, zero point
+        self.infos: dict = {}  # value -> ValueInfo (to_onnx fills it from graph.validate())
 
     def const(self, name: str, value) -> str:
         if name in self.inits or name in self.params:
@@ -87,7 +88,8 @@ def _single(b: _Builder, n: Node) -> None:
     m = ops.OPS[n.op].onnx
     attrs = {**m.attrs, **{k: n.attrs[v] for k, v in m.from_attrs.items()}}
     attrs = {k: float(v) if isinstance(v, float) else v for k, v in attrs.items()}
-    b.node(m.op_type, list(n.inputs), n.outputs[0], n.name, **attrs)
+    b.node(m.op_type, [b.param(x) if x in b.params else x for x in n.inputs], n.outputs[0],
+           n.name, **attrs)
 
 
 def _activation(b: _Builder, x: str, out: str, name: str, a: dict) -> str:
@@ -212,9 +214,31 @@ def _qdq(onnx_op: str) -> Callable:
     return emit
 
 
+_gemm = _layer("Gemm", lambda b, n: {"transB": 1})
+
+
+def _linear(b: _Builder, n: Node) -> None:
+    if len(b.infos[n.inputs[0]].shape) == 2:
+        _gemm(b, n)
+        return
+    # (N, ..., in), fp32 only (the schema): Gemm is 2-D, so MatMul by a Transpose of the
+    # weight (constant-folded by the runtime), then the bias and the fused activation
+    a, name = n.attrs, n.name
+    act = a.get("activation", "none")
+    y = f"{name}/y" if act != "none" else n.outputs[0]
+    wt = b.node("Transpose", [b.param(n.inputs[1])], f"{name}/wT", f"{name}/wT", perm=[1, 0])
+    if len(n.inputs) > 2:
+        mm = b.node("MatMul", [n.inputs[0], wt], f"{name}/mm", f"{name}/mm")
+        b.node("Add", [mm, b.param(n.inputs[2])], y, name)
+    else:
+        b.node("MatMul", [n.inputs[0], wt], y, name)
+    if act != "none":
+        _activation(b, y, n.outputs[0], f"{name}/act", a)
+
+
 ops.register_table("onnx_export", {
     "conv2d": _layer("Conv", _conv_attrs),
-    "linear": _layer("Gemm", lambda b, n: {"transB": 1}),
+    "linear": _linear,
     "batchnorm": _batchnorm,
     "gelu": _gelu,
     "maxpool2d": _pool("MaxPool"),
@@ -224,6 +248,9 @@ ops.register_table("onnx_export", {
     "dequantize": _qdq("DequantizeLinear"),
 })
 ops.register_table("onnx_export", {n: _single for n, op in ops.OPS.items() if op.onnx is not None})
+
+from pocket.export import onnx_export_seqattn  # noqa: E402, F401  (registers its ops)
+
 ONNX_OPS: dict[str, Callable[[_Builder, Node], None]] = ops.implementations("onnx_export")
 
 _ELEM = {"f32": "FLOAT", "f16": "FLOAT16", "i8": "INT8", "u8": "UINT8", "i32": "INT32",
@@ -242,6 +269,7 @@ def to_onnx(graph: Graph, params: Mapping[str, np.ndarray],
             raise ExportError(f"node '{n.name}' (op '{n.op}'): the ONNX export cannot handle this "
                               f"op yet; supported: {', '.join(sorted(emit))}")
     b = _Builder(graph, params, quant)
+    b.infos = infos
     for n in graph.nodes:
         x = n.inputs[0]
         policy = ops.OPS[n.op].int8

@@ -124,11 +124,14 @@ def _plan(graph: Graph, int8: set[str], ranges) -> _Plan:
 def _candidates(graph: Graph) -> tuple[set[str], dict[str, str]]:
     """Layers that can be int8, and the reason for each that cannot."""
     ok, why = set(), {}
+    infos = graph.validate()
     for n in graph.nodes:
         if n.op not in LAYERS:
             continue
         act = n.attrs.get("activation", "none")
-        if not ops.int8_fuses(act):
+        if n.op == "linear" and len(infos[n.inputs[0]].shape) > 2:
+            why[n.name] = "a linear over (N, L, features) stays fp32 (int8 linear is 2-D)"
+        elif not ops.int8_fuses(act):
             why[n.name] = (f"fused activation '{act}' has no int8 form (only "
                            f"{', '.join(ops.with_int8(ops.INT8_FUSE))} fuses into int8)")
         else:

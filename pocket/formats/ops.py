@@ -69,14 +69,16 @@ from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages us
 # --------------------------------------------------------------------------- shape inference
 
 def _infer_linear(node, ins, where: str) -> Out:
+    # (N, in) -> (N, out); fp32 also (N, ..., in) -> (N, ..., out), over the last axis
     x, w = ins[0], ins[1]
     check_x_dtype(node, x, where)
-    need(len(x.shape) == 2, where, f"input must be 2-D (N, features), got {list(x.shape)}")
+    need(len(x.shape) == 2 or (len(x.shape) > 2 and not is_int8_node(node)), where,
+         f"input must be 2-D (N, features) (fp32: or (N, ..., features)), got {list(x.shape)}")
     need(len(w.shape) == 2, where, f"weight must be 2-D [out, in], got {list(w.shape)}")
-    need(x.shape[1] == w.shape[1], where,
-         f"input has {x.shape[1]} features but weight expects {w.shape[1]}")
+    need(x.shape[-1] == w.shape[1], where,
+         f"input has {x.shape[-1]} features but weight expects {w.shape[1]}")
     check_weights(node, ins, where, w.shape[0])
-    return [(out_dtype(node), (x.shape[0], w.shape[0]))]
+    return [(out_dtype(node), (*x.shape[:-1], w.shape[0]))]
 
 
 def _infer_conv2d(node, ins, where: str) -> Out:
@@ -267,9 +269,9 @@ OPS: dict[str, Op] = {
 
 # Op families live in modules of their own (`ops_<family>.py`, written against opschema alone),
 # each listing its entries in ENTRIES: import the module here and name it in _FAMILIES.
-from pocket.formats import ops_ssm  # noqa: E402
+from pocket.formats import ops_seqattn, ops_ssm  # noqa: E402
 
-_FAMILIES: tuple = (ops_ssm,)
+_FAMILIES: tuple = (ops_seqattn, ops_ssm)
 for _family in _FAMILIES:
     for _op in _family.ENTRIES:
         if _op.name in OPS:

@@ -366,5 +366,4 @@ def run_container(container, x: Mapping[str, np.ndarray] | np.ndarray, *,
     return run(graph, container.tensors, x, quant, keep_all=keep_all)
 
 
-# Op families register their references from modules of their own.
-from pocket.formats import reference_ssm  # noqa: E402, F401
+from pocket.formats import reference_seqattn, reference_ssm  # noqa: E402, F401  (register their ops' references)

@@ -17,7 +17,7 @@ from pocket.formats import ops
 from pocket.formats.ir import Node
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
-from pocket.infer import routes
+from pocket.infer import lowering_seqattn, routes
 from pocket.infer.lowering_common import _pool_geom
 from pocket.infer.lowering_conv import _b_conv2d, _prep_conv2d, fusable_pools, padded_pairs
 from pocket.infer.plan import PlanContext
@@ -31,10 +31,12 @@ def no_prep(ctx: PlanContext, node: Node) -> dict:
 
 
 def _prep_linear(ctx: PlanContext, node: Node) -> dict:
+    if lowering_seqattn.rows_linear(ctx, node):  # (N, ..., in): the 2-D routes do not apply
+        return lowering_seqattn.LinearRows().prepare(ctx, node)
     return routes.prepare(ctx, node)
 
 
-PREPARE = {"linear": _prep_linear, "conv2d": _prep_conv2d}
+PREPARE = {"linear": _prep_linear, "conv2d": _prep_conv2d, **lowering_seqattn.PREPARE}
 
 
 def _b_linear(ctx: PlanContext, step: int, node: Node, n: int) -> list:
@@ -118,9 +120,9 @@ BUILDERS = ops.register_table("engine", {
     "dropout": _b_alias, "add": _b_add, "concat": _b_concat, "softmax": _b_softmax,
     "quantize": _b_quantize, "dequantize": _b_quantize,
 })
+BUILDERS.update(lowering_seqattn.BUILDERS)
 
-# Op families' preparations and builders, from modules of their own.
-from pocket.infer import lowering_ssm  # noqa: E402
+from pocket.infer import lowering_ssm  # noqa: E402  (the state-space family)
 
 PREPARE.update(lowering_ssm.PREPARE)
 BUILDERS.update(lowering_ssm.BUILDERS)

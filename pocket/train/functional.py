@@ -831,5 +831,4 @@ ops.register_table("train", {
     "softmax": softmax,
 })
 
-# Op families register their differentiable forwards from modules of their own.
-from pocket.train import functional_ssm  # noqa: E402, F401
+from pocket.train import functional_seqattn, functional_ssm  # noqa: E402, F401  (register their ops' "train")

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from pocket.formats import ops
 from pocket.train import backend
 from pocket.train.tensor import Tensor, as_tensor, primitive
 
@@ -183,3 +184,11 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, dropout
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return _attention(q, k, v, causal=bool(causal), scale=scale, dropout_p=float(dropout_p),
                       rng=rng)
+
+
+from pocket.train import functional as F  # noqa: E402  (functional imports this module last)
+
+ops.register_table("train", {
+    "layernorm": layer_norm, "embedding": embedding, "attention": attention,
+    "matmul": F.matmul, "transpose": F.transpose,
+})

@@ -215,12 +215,13 @@ def _layer(kind, spec, shape, num_outputs, last, rng):
     if kind in _BUILDERS:
         return _BUILDERS[kind](spec, shape, num_outputs, last, rng)
     if kind == "linear":
-        if len(shape) != 1:
-            raise ValueError("linear needs a flat input; add {type = \"flatten\"} before it")
+        # over the last axis: (F,) -> (out,), and a sequence (L, F) -> (L, out)
+        if len(shape) not in (1, 2):
+            raise ValueError("linear needs a flat or (L, F) input; add {type = \"flatten\"} before it")
         out = spec.get("out", num_outputs if last else None)
         if out is None:
             raise ValueError("give 'out' (only the last linear may omit it)")
-        return nn.Linear(shape[0], out, bias=spec.get("bias", True), rng=rng), (out,)
+        return nn.Linear(shape[-1], out, bias=spec.get("bias", True), rng=rng), (*shape[:-1], out)
     if kind in ("conv2d", "residual"):
         if len(shape) != 3:
             raise ValueError(f"{kind} needs (C, H, W) input")
@@ -308,5 +309,4 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
     return ZOO[name](tuple(input_shape), num_outputs, rng=rng, **kwargs)
 
 
-# Op families' zoo models and layer-list kinds, from modules of their own.
-from pocket.train import models_ssm  # noqa: E402, F401
+from pocket.train import models_seqattn, models_ssm  # noqa: E402, F401  (their zoo models and layer kinds)

@@ -166,12 +166,13 @@ def trace(model: nn.Module, input_shape, metadata: dict | None = None,
     # Rename the last value so exports have a stable output name.
     last = b.nodes[-1]
     last.outputs = [output_name]
-    inputs = {input_name: ValueInfo("f32", ("N", *(int(d) for d in input_shape)))}
+    # token ids read straight by an embedding make an integer input
+    dtype = "i64" if any(n.op == "embedding" and n.inputs[0] == input_name for n in b.nodes) else "f32"
+    inputs = {input_name: ValueInfo(dtype, ("N", *(int(d) for d in input_shape)))}
     g = Graph(inputs, [output_name], b.nodes, b.params, dict(metadata or {}))
     g.validate()
     params = {k: np.ascontiguousarray(state[k], dtype=np.float32) for k in b.params}
     return g, params
 
 
-# Op families register their tracers from modules of their own.
-from pocket.train import trace_ssm  # noqa: E402, F401
+from pocket.train import trace_seqattn, trace_ssm  # noqa: E402, F401  (register their layers)
