@@ -36,7 +36,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "test_fraction": 0.2, "augment": [], "limit": None, "image_size": None,
              "cache_dir": None, "prefetch": 2, "test": None, "validation": None,
              # timeseries:PATH (train/data/timeseries.py)
-             "window": None, "horizon": None, "stride": 1, "season": None, "time_column": None},
+             "window": None, "horizon": None, "stride": 1, "season": None, "time_column": None,
+             "relative": False},
     "model": {"name": "cnn", "layers": None, "hidden": None, "channels": None, "dropout": 0.0,
               "batchnorm": True, "width": None},
     "train": {"epochs": 20, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3, "momentum": 0.9,

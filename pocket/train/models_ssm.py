@@ -10,7 +10,7 @@ from pocket.train.nn_ssm import GLU, S4D, SSMBlock
 
 @register_model("ssm", input_rank=2)
 def ssm(input_shape, num_outputs, *, d_model=64, d_state=32, depth=4, dropout=0.0,
-        bidirectional=False, mix="glu", rng=None):
+        bidirectional=False, mix="glu", rng=None, **_):
     """Stacked S4D blocks (Gu et al. 2022) over a sequence (L, F): a linear encoder F ->
     d_model per step, `depth` pre-norm residual blocks (LayerNorm -> S4D -> GELU -> GLU or
     linear -> dropout -> add), a final LayerNorm, then a linear head on the flattened

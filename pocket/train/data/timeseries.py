@@ -12,6 +12,13 @@ Inputs are (window, columns) per sample (time-major, as the sequence models take
 targets are the next `horizon` values of the `target` column(s) (all value columns unless
 named), step-major, flattened to (horizon * targets).
 
+Scaling: by default each column is standardized with the training part's mean and std. With
+`relative = true` each window is taken relative to its own last value (inputs and targets minus
+the last input step, divided by the std of those deviations over the training windows), so a
+model sees the shape of the recent past, not a level the training part may never have reached
+(CO2 rises ~1.5 ppm a year: the test years lie above every training value). The exported
+model's preprocessing says which; `pocket infer` adds the last value back.
+
 The seasonal-naive forecast of step k of the horizon repeats the last season of the window:
 y[t + k] = y[t + k - m * ceil(k / m)], m = `season` (1: the last value). MASE (Hyndman &
 Koehler 2006) divides a forecast's MAE by the in-sample MAE of the one-step seasonal-naive
@@ -38,7 +45,8 @@ def _windows(v: np.ndarray, window: int, horizon: int, stride: int) -> np.ndarra
 
 def load_timeseries(path: str, *, task: str, target: str | None, time_column: str | None,
                     window: int | None, horizon: int | None, stride: int, season: int | None,
-                    val_fraction: float, test_fraction: float, limit: int | None) -> Dataset:
+                    relative: bool = False, val_fraction: float, test_fraction: float,
+                    limit: int | None) -> Dataset:
     if task not in (None, "forecast"):
         raise DataError(f"timeseries:{path}: [data] task = {task!r}; a time series source trains "
                         "task = \"forecast\" (sequence-classification takes digits, images or npz)")
@@ -75,33 +83,41 @@ def load_timeseries(path: str, *, task: str, target: str | None, time_column: st
         raise DataError(f"timeseries:{path}: the training part has {len(train_v)} steps, fewer "
                         f"than one window + horizon ({window + horizon}); lower window/horizon "
                         "or val_fraction/test_fraction")
-    mean, std = train_v.mean(axis=0), train_v.std(axis=0)
-    std[std < 1e-12] = 1.0
     ti = [series.columns.index(t) for t in targets]
     # MASE scale in the series' units: the in-sample one-step seasonal-naive MAE (training part)
     scale = np.abs(train_v[m:, ti] - train_v[:-m, ti]).mean(axis=0)
     scale[scale < 1e-12] = 1.0
-    z = (v - mean) / std
     steps = np.arange(1, horizon + 1)
     naive_at = window - m + (steps - 1) % m  # index in the window of each step's naive value
-    splits, spans = {}, {}
+    raw, spans = {}, {}
     for name, (a, b) in bounds.items():
-        part = z[a:b]
+        part = v[a:b]
         starts = _windows(part, window, horizon, stride)
         if limit is not None:
             starts = starts[:limit]
         idx = starts[:, None] + np.arange(window)
-        x = part[idx].astype(np.float32) if len(starts) else np.zeros((0, window, v.shape[1]),
-                                                                      np.float32)
-        ty = part[starts[:, None] + window + steps - 1][:, :, ti] if len(starts) else np.zeros(
-            (0, horizon, len(ti)))
-        base = part[idx[:, naive_at]][:, :, ti] if len(starts) else np.zeros_like(ty)
-        splits[name] = Split(np.ascontiguousarray(x),
-                             np.ascontiguousarray(ty.reshape(len(starts), -1), np.float32),
-                             np.ascontiguousarray(base.reshape(len(starts), -1), np.float32))
+        x = part[idx].reshape(len(starts), window, v.shape[1])
+        y = part[starts[:, None] + window + steps - 1].reshape(len(starts), horizon, v.shape[1])[:, :, ti]
+        raw[name] = (x, y, x[:, naive_at][:, :, ti])
         spans[name] = [series.times[a], series.times[b - 1]] if b > a else None
-    if len(splits["train"]) == 0:
+    if len(raw["train"][0]) == 0:
         raise DataError(f"timeseries:{path}: no training windows; lower window or horizon")
+    if relative:
+        # each window minus its own last value; the scale of those deviations on the training
+        # windows (what a window looks like, wherever the series' level has moved since)
+        dev = raw["train"][0] - raw["train"][0][:, -1:]
+        mean, std = np.zeros(v.shape[1]), dev.reshape(-1, v.shape[1]).std(axis=0)
+    else:
+        mean, std = train_v.mean(axis=0), train_v.std(axis=0)
+    std[std < 1e-12] = 1.0
+    splits = {}
+    for name, (x, y, base) in raw.items():
+        off = x[:, -1:] if relative else mean
+        off_y = off[..., ti] if relative else mean[ti]
+        flat = (len(x), horizon * len(ti))
+        splits[name] = Split(np.ascontiguousarray((x - off) / std, np.float32),
+                             np.ascontiguousarray(((y - off_y) / std[ti]).reshape(flat), np.float32),
+                             np.ascontiguousarray(((base - off_y) / std[ti]).reshape(flat), np.float32))
     t_mean = np.tile(mean[ti], horizon)
     t_std = np.tile(std[ti], horizon)
     prep = {
@@ -112,8 +128,9 @@ def load_timeseries(path: str, *, task: str, target: str | None, time_column: st
         "timeseries": {
             "time_column": time_column or "", "time_format": series.time_format,
             "step": series.step, "window": window, "horizon": horizon, "stride": stride,
-            "season": m, "targets": targets, "mase_scale": [float(a) for a in scale],
-            "last_time": series.times[-1], "splits": spans, "filled": series.filled,
+            "season": m, "targets": targets, "relative": bool(relative),
+            "mase_scale": [float(a) for a in scale], "last_time": series.times[-1],
+            "splits": spans, "filled": series.filled,
         },
     }
     return Dataset(name=f"timeseries:{path}", task="regression", labels=None,
