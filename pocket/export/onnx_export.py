@@ -332,5 +332,5 @@ def _version() -> str:
     return __version__
 
 
-# Op families register their ONNX expansions from modules of their own.
-from pocket.export import onnx_export_ssm  # noqa: E402, F401
+# Op families' ONNX mappings register themselves on import (they use _layer and _Builder above).
+from pocket.export import onnx_export_seqconv, onnx_export_ssm  # noqa: E402, F401

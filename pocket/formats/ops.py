@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pocket.formats import ops_seqconv
 from pocket.formats.errors import FormatError
 from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages use ops.X)
     INT8_ATTRS,
@@ -271,12 +272,15 @@ OPS: dict[str, Op] = {
 # each listing its entries in ENTRIES: import the module here and name it in _FAMILIES.
 from pocket.formats import ops_seqattn, ops_ssm  # noqa: E402
 
-_FAMILIES: tuple = (ops_seqattn, ops_ssm)
+_FAMILIES: tuple = (ops_seqattn, ops_seqconv, ops_ssm)
 for _family in _FAMILIES:
     for _op in _family.ENTRIES:
         if _op.name in OPS:
             raise ValueError(f"op {_op.name!r} of {_family.__name__} is already in the registry")
         OPS[_op.name] = _op
+    # a family layer that fuses activations (FUSES) takes conv2d/linear's attrs for them
+    for _name in getattr(_family, "FUSES", ()):
+        OPS[_name].attrs.update(_LAYER)
 
 
 # --------------------------------------------------------------------------- registration

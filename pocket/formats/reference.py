@@ -366,4 +366,5 @@ def run_container(container, x: Mapping[str, np.ndarray] | np.ndarray, *,
     return run(graph, container.tensors, x, quant, keep_all=keep_all)
 
 
-from pocket.formats import reference_seqattn, reference_ssm  # noqa: E402, F401  (register their ops' references)
+# Op families' references register themselves on import (they read the helpers above).
+from pocket.formats import reference_seqattn, reference_seqconv, reference_ssm  # noqa: E402, F401

@@ -122,7 +122,10 @@ BUILDERS = ops.register_table("engine", {
 })
 BUILDERS.update(lowering_seqattn.BUILDERS)
 
-from pocket.infer import lowering_ssm  # noqa: E402  (the state-space family)
+# Op families' lowerings (lowering_<family>.py) register their builders; the engine reads
+# both tables from here.
+from pocket.infer import lowering_seqconv, lowering_ssm  # noqa: E402
 
-PREPARE.update(lowering_ssm.PREPARE)
-BUILDERS.update(lowering_ssm.BUILDERS)
+for _family in (lowering_seqconv, lowering_ssm):
+    PREPARE.update(_family.PREPARE)
+    BUILDERS.update(_family.BUILDERS)

@@ -831,4 +831,5 @@ ops.register_table("train", {
     "softmax": softmax,
 })
 
-from pocket.train import functional_seqattn, functional_ssm  # noqa: E402, F401  (register their ops' "train")
+# Op families: their differentiable forwards register themselves in slot "train" on import.
+from pocket.train import functional_seqattn, functional_seqconv, functional_ssm  # noqa: E402, F401

@@ -309,4 +309,5 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
     return ZOO[name](tuple(input_shape), num_outputs, rng=rng, **kwargs)
 
 
-from pocket.train import models_seqattn, models_ssm  # noqa: E402, F401  (their zoo models and layer kinds)
+# Op families' zoo models and layer-list kinds register themselves on import.
+from pocket.train import models_seqattn, models_seqconv, models_ssm  # noqa: E402, F401

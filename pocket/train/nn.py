@@ -464,5 +464,12 @@ class ResidualBlock(Module):
         return self.relu2(self.add(y, x if self.shortcut is None else self.shortcut(x)))
 
 
-# Op families' layers, reachable as nn.<Layer> (defined in nn_<family>.py).
+# Op families' layers, re-exported so that nn.<Layer> names every layer.
+from pocket.train.nn_seqconv import (  # noqa: E402, F401
+    AvgPool1d,
+    Conv1d,
+    GlobalAvgPool1d,
+    GlobalMaxPool1d,
+    MaxPool1d,
+)
 from pocket.train.nn_ssm import GLU, S4D, SSM, SSMBlock  # noqa: E402, F401

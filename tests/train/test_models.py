@@ -96,7 +96,7 @@ def test_zoo_model_trace_matches_eval_output(case):
 def test_every_layer_type_is_covered():
     from pocket.train.models import _BUILDERS, _LAYER_KEYS
 
-    # the kinds op families register (models.register_layer) are covered by their own tests
+    # the core kinds; a family's kinds (register_layer) are tested in its own files
     assert {spec["type"] for spec in EVERY_LAYER} == set(_LAYER_KEYS) - set(_BUILDERS)
 
 

@@ -1,0 +1,90 @@
+"""Engine kernels of the sequence convs: conv1d's im2col (fp32 and int8 codes), its direct
+loops (for C/groups == 1), and the global max over time. Each has a naive NumPy twin in
+tests/infer/test_seqconv_kernels.py; the whole ops are tested against formats/reference.py.
+
+conv1d runs as im2col into the tap-major columns (C*K, N*Lo) plus one BLAS GEMM per group
+(NumPy's matmul with out=, as kernels_fp32's conv2d), then kernels_fp32.bias_act (fp32) or
+kernels_int8.requant_sum (int8) lays the (O, N*Lo) sums out as (N, O, Lo). The pools run as
+the 2-D pool kernels on a height-1 view, and global_avgpool1d as kernels_fp32.global_avgpool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from pocket.infer.jit import kernel
+from pocket.infer.kernels_fp32 import activate, nanmax
+
+
+@kernel
+def im2col1d(col, x, k, s, pl, d, pad):
+    """x (N, C, L) f32 or i8 -> col (C*K, N*Lo) f32: col[c*K + j, b*Lo + t] = x[b, c, t*s - pl
+    + j*d], `pad` outside (0, or x_zp for int8 codes, which the bias then folds out)."""
+    n, c, length = x.shape
+    lo = col.shape[1] // n
+    pv = np.float32(pad)
+    for r in prange(c * k):
+        ch, j = r // k, r % k
+        off = j * d - pl
+        # the steps t whose input t*s + off lies inside [0, L)
+        t0 = min(lo, 0 if off >= 0 else -(off // s))
+        t1 = (length - 1 - off) // s + 1 if length - 1 - off >= 0 else 0
+        t1 = min(lo, max(t0, t1))
+        for b in range(n):
+            row = col[r, b * lo:(b + 1) * lo]
+            xs = x[b, ch]
+            for t in range(t0):
+                row[t] = pv
+            if s == 1:  # a contiguous run: a loop LLVM vectorizes
+                src = xs[t0 + off:t1 + off]
+                for t in range(t1 - t0):
+                    row[t0 + t] = np.float32(src[t])
+            else:
+                for t in range(t0, t1):
+                    row[t] = np.float32(xs[t * s + off])
+            for t in range(t1, lo):
+                row[t] = pv
+
+
+@kernel
+def conv1d_direct(out, x, w, b, s, pl, d, act, alpha):
+    """x (N, C, L), w (O, C/g, K), b (O,) or empty -> out (N, O, Lo), float64 sums.
+
+    Direct loops: where im2col buys nothing (C/groups == 1: depthwise and its multiples).
+    """
+    n, c, length = x.shape
+    o, cg, k = w.shape
+    lo = out.shape[2]
+    og = o // (c // cg)
+    for no in prange(n * o):
+        bi, oc = no // o, no % o
+        c0 = (oc // og) * cg
+        bo = b[oc] if b.shape[0] > 0 else 0.0
+        for t in range(lo):
+            acc = 0.0
+            for ci in range(cg):
+                for j in range(k):
+                    i = t * s - pl + j * d
+                    if 0 <= i < length:
+                        acc += x[bi, c0 + ci, i] * w[oc, ci, j]
+            out[bi, oc, t] = activate(acc + bo, act, alpha)
+
+
+@kernel
+def to_f32(out, x):
+    """out (M,) f32 = x (M,) i8: an int8 weight's codes for the float32 GEMM (exact)."""
+    for i in prange(x.shape[0]):
+        out[i] = np.float32(x[i])
+
+
+@kernel
+def global_maxpool1d(out, x):
+    """x (N, C, L) -> out (N, C), the max over L; a NaN anywhere in a row wins."""
+    n, c, length = x.shape
+    for nc in prange(n * c):
+        row = x[nc // c, nc % c]
+        m = row[0]
+        for i in range(1, length):
+            m = nanmax(m, row[i])
+        out[nc // c, nc % c] = m
