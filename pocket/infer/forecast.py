@@ -43,6 +43,8 @@ def window_of(path: str, pre: dict) -> tuple[np.ndarray, np.ndarray, list[str]]:
         x = (v - mean) / std
         back = np.zeros(horizon * len(ti))
     times = ts.continue_times(s.times[-1], s.step, s.time_format, horizon)
+    if pre.get("layout") == "NCL":  # (columns, time), as conv1d/tcn models take it
+        x = x.T
     return x[None].astype(np.float32), back, times
 
 

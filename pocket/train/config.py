@@ -37,7 +37,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "cache_dir": None, "prefetch": 2, "test": None, "validation": None,
              # timeseries:PATH (train/data/timeseries.py)
              "window": None, "horizon": None, "stride": 1, "season": None, "time_column": None,
-             "relative": False},
+             "relative": False, "layout": "NLC"},
     "model": {"name": "cnn", "layers": None, "hidden": None, "channels": None, "dropout": 0.0,
               "batchnorm": True, "width": None},
     "train": {"epochs": 20, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3, "momentum": 0.9,
@@ -61,6 +61,7 @@ CHOICES = {
     ("train", "monitor"): ("auto", "val_loss", "val_accuracy", "val_r2", "val_mae", "val_rmse",
                            "train_loss"),
     ("train", "keep"): ("best", "last"),
+    ("data", "layout"): ("NLC", "NCL"),
 }
 
 # Keys whose default is None: the types a value may have.

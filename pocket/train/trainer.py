@@ -93,7 +93,7 @@ class Trainer:
             cache_dir=data_cfg["cache_dir"], seed=self.seed, limit=data_cfg["limit"],
             test=data_cfg["test"], validation=data_cfg["validation"],
             **{k: data_cfg[k] for k in ("window", "horizon", "stride", "season", "time_column",
-                                         "relative")},
+                                         "relative", "layout")},
             **({"image_size": data_cfg["image_size"]} if data_cfg["image_size"] else {}))
         self.task = self.data.task
         self.loss_name = tr["loss"] or ("cross_entropy" if self.task == "classification" else "mse")

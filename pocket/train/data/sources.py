@@ -103,6 +103,7 @@ def load_dataset(
     season: int | None = None,
     time_column: str | None = None,
     relative: bool = False,
+    layout: str = "NLC",
 ) -> Dataset:
     """Load SRC (`digits`, `mnist[:PATH]`, `cifar10[:PATH]`, `csv:PATH`, `npz:PATH`, `folder:PATH`).
 
@@ -110,7 +111,8 @@ def load_dataset(
     image_size: (H, W) or one int for `folder:`; channels: 1 or 3 for `folder:`.
     test, validation: a separate `csv:PATH` or `npz:PATH` for that split (same columns or
     sample shape as SRC); it replaces test_fraction / val_fraction.
-    window, horizon, stride, season, time_column, relative: `timeseries:PATH` (see data/timeseries.py).
+    window, horizon, stride, season, time_column, relative, layout: `timeseries:PATH` (see
+    data/timeseries.py).
     """
     _check_args(task, val_fraction, test_fraction, seed, limit)
     kind, _, path = src.partition(":")
@@ -126,7 +128,7 @@ def load_dataset(
         from pocket.train.data.timeseries import load_timeseries
         return load_timeseries(path, task=task, target=target, time_column=time_column,
                                window=window, horizon=horizon, stride=stride, season=season,
-                               relative=relative, val_fraction=val_fraction,
+                               relative=relative, layout=layout, val_fraction=val_fraction,
                                test_fraction=test_fraction, limit=limit)
     if task == "sequence-classification":
         data = load_dataset(src, target=target, task="classification", val_fraction=val_fraction,

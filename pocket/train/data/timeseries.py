@@ -8,7 +8,8 @@ input steps, then `horizon` target steps, every `stride` steps), so no value is 
 or target of one part and a target of another. Each column is standardized with the mean and
 std of the training part alone. The loader shuffles training windows within the training part.
 
-Inputs are (window, columns) per sample (time-major, as the sequence models take them); the
+Inputs are (window, columns) per sample (`layout = "NLC"`, time-major, as ssm and transformer
+take them; `"NCL"`: (columns, window), as conv1d and tcn take them); the
 targets are the next `horizon` values of the `target` column(s) (all value columns unless
 named), step-major, flattened to (horizon * targets).
 
@@ -45,8 +46,8 @@ def _windows(v: np.ndarray, window: int, horizon: int, stride: int) -> np.ndarra
 
 def load_timeseries(path: str, *, task: str, target: str | None, time_column: str | None,
                     window: int | None, horizon: int | None, stride: int, season: int | None,
-                    relative: bool = False, val_fraction: float, test_fraction: float,
-                    limit: int | None) -> Dataset:
+                    relative: bool = False, layout: str = "NLC", val_fraction: float,
+                    test_fraction: float, limit: int | None) -> Dataset:
     if task not in (None, "forecast"):
         raise DataError(f"timeseries:{path}: [data] task = {task!r}; a time series source trains "
                         "task = \"forecast\" (sequence-classification takes digits, images or npz)")
@@ -56,6 +57,9 @@ def load_timeseries(path: str, *, task: str, target: str | None, time_column: st
     if window < 1 or horizon < 1 or stride < 1:
         raise DataError("[data] window, horizon and stride must be positive, got "
                         f"{window}, {horizon}, {stride}")
+    if layout not in ("NLC", "NCL"):
+        raise DataError(f"[data] layout must be \"NLC\" (time, columns: ssm, transformer) or "
+                        f"\"NCL\" (columns, time: conv1d, tcn), got {layout!r}")
     m = season or 1
     if m > window:
         raise DataError(f"[data] season = {m} is longer than the window ({window}); the "
@@ -115,13 +119,15 @@ def load_timeseries(path: str, *, task: str, target: str | None, time_column: st
         off = x[:, -1:] if relative else mean
         off_y = off[..., ti] if relative else mean[ti]
         flat = (len(x), horizon * len(ti))
-        splits[name] = Split(np.ascontiguousarray((x - off) / std, np.float32),
+        xz = (x - off) / std
+        splits[name] = Split(np.ascontiguousarray(xz if layout == "NLC" else xz.transpose(0, 2, 1),
+                                                  np.float32),
                              np.ascontiguousarray(((y - off_y) / std[ti]).reshape(flat), np.float32),
                              np.ascontiguousarray(((base - off_y) / std[ti]).reshape(flat), np.float32))
     t_mean = np.tile(mean[ti], horizon)
     t_std = np.tile(std[ti], horizon)
     prep = {
-        "layout": "NLC", "columns": list(series.columns),
+        "layout": layout, "columns": list(series.columns),
         "mean": [float(a) for a in mean], "std": [float(a) for a in std],
         "target": {"name": ",".join(targets), "mean": [float(a) for a in t_mean],
                    "std": [float(a) for a in t_std]},
@@ -134,7 +140,8 @@ def load_timeseries(path: str, *, task: str, target: str | None, time_column: st
         },
     }
     return Dataset(name=f"timeseries:{path}", task="regression", labels=None,
-                   input_shape=(window, v.shape[1]), preprocessing=prep, num_outputs=horizon * len(ti),
+                   input_shape=(window, v.shape[1]) if layout == "NLC" else (v.shape[1], window),
+                   preprocessing=prep, num_outputs=horizon * len(ti),
                    **splits)
 
 
