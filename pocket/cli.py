@@ -105,7 +105,8 @@ def main() -> None:
 @main.command()
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--data", "data", metavar="SRC",
-              help="Dataset: digits, mnist[:PATH], cifar10[:PATH], csv:PATH, npz:PATH, folder:PATH.")
+              help="Dataset: digits, mnist[:PATH], cifar10[:PATH], csv:PATH, npz:PATH, folder:PATH, "
+                   "timeseries:PATH.")
 @click.option("--epochs", type=click.IntRange(min=1),
               help="Number of epochs (with --resume: extends the run).")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Samples per optimizer step.")

@@ -166,7 +166,10 @@ def _inputs(ck: dict, data: str | None, inputs_path: str | None, random_n: int |
                           val_fraction=cfg["data"]["val_fraction"],
                           test_fraction=cfg["data"]["test_fraction"],
                           cache_dir=cfg["data"]["cache_dir"], seed=cfg["run"]["seed"],
-                          limit=cfg["data"]["limit"])
+                          limit=cfg["data"]["limit"],
+                          **{k: cfg["data"][k] for k in ("window", "horizon", "stride", "season",
+                                                         "time_column", "relative", "layout")
+                             if k in cfg["data"]})  # timeseries:PATH
         if tuple(ds.input_shape) != shape:
             raise CompareError(f"dataset {src}: inputs {list(ds.input_shape)} do not fit the "
                                f"model's {list(shape)}")

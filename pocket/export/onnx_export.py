@@ -332,4 +332,9 @@ def _version() -> str:
 
 
 # Op families' ONNX mappings register themselves on import (they use _layer and _Builder above).
-from pocket.export import onnx_export_seqattn, onnx_export_seqconv, onnx_export_vision  # noqa: E402, F401
+from pocket.export import (  # noqa: E402, F401
+    onnx_export_seqattn,
+    onnx_export_seqconv,
+    onnx_export_ssm,
+    onnx_export_vision,
+)

@@ -380,5 +380,5 @@ def run_container(container, x: Mapping[str, np.ndarray] | np.ndarray, *,
 
 # The vision family (clip, silu, mul, channel_shuffle, slice); the activations by name here too.
 # Op families' references register themselves on import (they read the helpers above).
-from pocket.formats import reference_seqattn, reference_seqconv  # noqa: E402, F401
+from pocket.formats import reference_seqattn, reference_seqconv, reference_ssm  # noqa: E402, F401
 from pocket.formats.reference_vision import clip, silu  # noqa: E402, F401

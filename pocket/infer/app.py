@@ -61,6 +61,12 @@ def infer(model_path: str, inputs: list[str], *, threads: int | None = None,
         if warmup:
             eng.warmup()
         warmup_s = time.perf_counter() - t0
+        if "timeseries" in eng.preprocessing and inputs and not bench and output is None:
+            from pocket.infer import forecast as fc  # a forecast: the series' units and times
+
+            return {"model": str(model_path), "task": "forecast", "output": eng.output_names[0],
+                    "results": fc.forecast(model, inputs),
+                    "time_column": eng.preprocessing["timeseries"]["time_column"]}
         batches = load_inputs(inputs, eng.input_shape, eng.preprocessing, batch_size=batch_size,
                               stdin=stdin, sep=sep)
         results, raw = [], []
@@ -98,6 +104,10 @@ def infer(model_path: str, inputs: list[str], *, threads: int | None = None,
 def render(result: dict) -> str:
     """The text form of `infer`'s result: one line per sample, then the timing."""
     lines = []
+    if result.get("task") == "forecast":
+        from pocket.infer import forecast as fc
+
+        return "\n".join(fc.render(result["results"], result.get("time_column", "")))
     for r in result["results"]:
         if "top" in r:
             best = f"{r['label']} ({r['probability']:.2f})"

@@ -519,6 +519,15 @@ class Engine:
         self.run_all({v: np.zeros((1, *self._sample[v]), _NP[info.dtype])
                       for v, info in self.graph.inputs.items()})
 
+    def stream(self, chunk: int = 1):
+        """A Stream (infer/streaming.py) feeding this model's sequence input `chunk` steps per
+        call, every ssm layer keeping its state between calls."""
+        from pocket.infer.streaming import Stream, retimed
+
+        sub = Engine(retimed(self._container, chunk), threads=self._want_threads,
+                     max_batch=self.max_batch)
+        return Stream(sub, chunk)
+
     # ---- lifetime
 
     def close(self) -> None:

@@ -122,12 +122,12 @@ BUILDERS = ops.register_table("engine", {
     "quantize": _b_quantize, "dequantize": _b_quantize,
 })
 BUILDERS.update(lowering_vision.BUILDERS)
-
+BUILDERS.update(lowering_seqattn.BUILDERS)
 
 # Op families' lowerings (lowering_<family>.py) register their builders; the engine reads
 # both tables from here.
-from pocket.infer import lowering_seqconv  # noqa: E402
+from pocket.infer import lowering_seqconv, lowering_ssm  # noqa: E402
 
-PREPARE.update(lowering_seqconv.PREPARE)
-BUILDERS.update(lowering_seqconv.BUILDERS)
-BUILDERS.update(lowering_seqattn.BUILDERS)
+for _family in (lowering_seqconv, lowering_ssm):
+    PREPARE.update(_family.PREPARE)
+    BUILDERS.update(_family.BUILDERS)

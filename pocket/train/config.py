@@ -34,7 +34,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "tensorboard": None},
     "data": {"source": "digits", "target": None, "task": None, "val_fraction": 0.1,
              "test_fraction": 0.2, "augment": [], "limit": None, "image_size": None,
-             "cache_dir": None, "prefetch": 2, "test": None, "validation": None},
+             "cache_dir": None, "prefetch": 2, "test": None, "validation": None,
+             # timeseries:PATH (train/data/timeseries.py)
+             "window": None, "horizon": None, "stride": 1, "season": None, "time_column": None,
+             "relative": False, "layout": "NLC"},
     "model": {"name": "cnn", "layers": None, "hidden": None, "channels": None, "dropout": 0.0,
               "batchnorm": True, "width": None},
     "train": {"epochs": 20, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3, "momentum": 0.9,
@@ -57,11 +60,12 @@ CHOICES = {
     ("train", "loss"): (None, "cross_entropy", "mse", "l1", "huber"),
     # NOTE: no bf16: NumPy and CuPy have no bfloat16 array type, so it cannot train (amp.py).
     ("memory", "precision"): ("fp32", "fp16"),
-    ("data", "task"): (None, "classification", "regression"),
+    ("data", "task"): (None, "classification", "regression", "forecast", "sequence-classification"),
     ("train", "monitor"): ("auto", "val_loss", "val_accuracy", "val_r2", "val_mae", "val_rmse",
                            "train_loss"),
     ("train", "keep"): ("best", "last"),
     ("export", "calibration"): ("minmax", "percentile", "mse", "entropy"),
+    ("data", "layout"): ("NLC", "NCL"),
 }
 
 # Keys whose default is None: the types a value may have.
@@ -70,6 +74,8 @@ OPTIONAL_TYPES: dict[tuple[str, str], tuple[type, ...]] = {
     ("data", "target"): (str,), ("data", "task"): (str,), ("data", "limit"): (int,),
     ("data", "image_size"): (int, list), ("data", "cache_dir"): (str,),
     ("data", "test"): (str,), ("data", "validation"): (str,),
+    ("data", "window"): (int,), ("data", "horizon"): (int,), ("data", "season"): (int,),
+    ("data", "time_column"): (str,),
     ("model", "layers"): (list,), ("model", "hidden"): (list,), ("model", "channels"): (list,),
     ("model", "width"): (int,), ("train", "clip_grad_norm"): (float,), ("train", "loss"): (str,),
     ("memory", "budget"): (str, int), ("export", "int8_target"): (float,),
@@ -88,7 +94,8 @@ _TYPE_NAMES = {bool: "a bool (true/false)", int: "an int", float: "a float", str
 _LAYER_POSITIVE = ("out", "kernel", "stride", "dilation", "groups")
 
 _AT_LEAST_1 = (("train", "epochs"), ("train", "batch_size"), ("memory", "accumulation"),
-               ("train", "eval_batch_size"), ("train", "step_size"), ("memory", "growth_interval"))
+               ("train", "eval_batch_size"), ("train", "step_size"), ("memory", "growth_interval"),
+               ("data", "stride"))
 _AT_LEAST_0 = (("run", "seed"), ("run", "calib_samples"), ("data", "prefetch"),
                ("export", "percentile"),
                ("train", "warmup_epochs"), ("train", "weight_decay"), ("train", "eps"),

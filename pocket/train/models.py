@@ -323,4 +323,11 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
 
 
 # The families' zoo models and layer-list kinds register themselves on import.
-from pocket.train import models_block, models_edge, models_seqattn, models_seqconv, models_vision  # noqa: E402, F401
+from pocket.train import (  # noqa: E402, F401
+    models_block,
+    models_edge,
+    models_seqattn,
+    models_seqconv,
+    models_ssm,
+    models_vision,
+)

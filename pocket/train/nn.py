@@ -484,3 +484,4 @@ from pocket.train.nn_seqconv import (  # noqa: E402, F401
     GlobalMaxPool1d,
     MaxPool1d,
 )
+from pocket.train.nn_ssm import GLU, S4D, SSM, SSMBlock  # noqa: E402, F401

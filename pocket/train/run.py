@@ -119,7 +119,12 @@ def render(r: dict) -> str:
         lines.append(f"test accuracy {test['accuracy'] * 100:.2f}%  (loss {test['loss']:.4f})"
                      + which)
     elif test:
-        lines.append("test " + "  ".join(f"{k} {v:.4g}" for k, v in test.items()) + which)
+        lines.append("test " + "  ".join(f"{k} {v:.4g}" for k, v in test.items()
+                                         if not k.startswith("baseline_")) + which)
+    if "baseline_mase" in test:  # a forecast, beside the seasonal-naive forecast
+        lines.append(f"seasonal-naive baseline on test: mase {test['baseline_mase']:.4g}  "
+                     f"mae {test['baseline_mae']:.4g}  rmse {test['baseline_rmse']:.4g}  "
+                     f"({'beaten' if test['mase'] < test['baseline_mase'] else 'NOT beaten'})")
     lines.append("")
     lines.append("memory by category (bytes held by arrays pocket tracks):")
     lines.append(r["memory_table"])

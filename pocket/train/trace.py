@@ -175,4 +175,4 @@ def trace(model: nn.Module, input_shape, metadata: dict | None = None,
     return g, params
 
 
-from pocket.train import trace_seqattn  # noqa: E402, F401  (registers the sequence layers)
+from pocket.train import trace_seqattn, trace_ssm  # noqa: E402, F401  (register their layers)

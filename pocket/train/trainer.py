@@ -92,6 +92,8 @@ class Trainer:
             val_fraction=data_cfg["val_fraction"], test_fraction=data_cfg["test_fraction"],
             cache_dir=data_cfg["cache_dir"], seed=self.seed, limit=data_cfg["limit"],
             test=data_cfg["test"], validation=data_cfg["validation"],
+            **{k: data_cfg[k] for k in ("window", "horizon", "stride", "season", "time_column",
+                                         "relative", "layout")},
             **({"image_size": data_cfg["image_size"]} if data_cfg["image_size"] else {}))
         self.task = self.data.task
         self.loss_name = tr["loss"] or ("cross_entropy" if self.task == "classification" else "mse")
@@ -326,6 +328,7 @@ class Trainer:
             loss = float(-logp[np.arange(len(out)), split.y].mean())
             return {"loss": loss, "accuracy": float((out.argmax(axis=1) == split.y).mean())}
         y = split.y.reshape(out.shape).astype(np.float64)
+        pred = out
         err = out.astype(np.float64) - y
         std = self.data.preprocessing.get("target", {}).get("std", 1.0)
         std = np.asarray(std, np.float64)
@@ -338,6 +341,10 @@ class Trainer:
                "rmse": float(np.sqrt(((err * std) ** 2).mean()))}
         if r2 is not None:
             out["r2"] = r2
+        if split.baseline is not None:  # a forecast: MASE, and the seasonal-naive baseline's
+            from pocket.train.data.timeseries import forecast_metrics
+
+            out.update(forecast_metrics(pred, y, split.baseline, self.data.preprocessing))
         return out
 
     # ------------------------------------------------------------------ checkpoints

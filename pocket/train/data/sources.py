@@ -26,7 +26,11 @@ from pocket.errors import PocketError
 # changes the validation split and the initialization but never which samples are held out.
 TEST_SPLIT_SEED = 0x706F636B
 
-SOURCES = ("digits", "mnist", "cifar10", "csv", "npz", "folder")
+SOURCES = ("digits", "mnist", "cifar10", "csv", "npz", "folder", "timeseries")
+# [data] task: the trainer's two (the guess when absent), and the sequence tasks on top of them:
+# "forecast" (timeseries:PATH, a regression of the next steps, data/timeseries.py) and
+# "sequence-classification" (images read row by row as steps, or npz sequences (N, L, F)).
+TASKS = ("classification", "regression", "forecast", "sequence-classification")
 DATA_EXTRA = "pip install 'pocketnn[data]'"
 
 
@@ -44,6 +48,7 @@ class Split:
 
     x: np.ndarray  # (N, C, H, W) images or (N, F) tables
     y: np.ndarray  # (N,) int64 class ids; (N,) or (N, T) float32 regression targets
+    baseline: np.ndarray | None = None  # forecast: the seasonal-naive forecast, like y
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -93,6 +98,13 @@ def load_dataset(
     channels: int | None = None,
     test: str | None = None,
     validation: str | None = None,
+    window: int | None = None,
+    horizon: int | None = None,
+    stride: int = 1,
+    season: int | None = None,
+    time_column: str | None = None,
+    relative: bool = False,
+    layout: str = "NLC",
 ) -> Dataset:
     """Load SRC (`digits`, `mnist[:PATH]`, `cifar10[:PATH]`, `csv:PATH`, `npz:PATH`, `folder:PATH`).
 
@@ -100,6 +112,8 @@ def load_dataset(
     image_size: (H, W) or one int for `folder:`; channels: 1 or 3 for `folder:`.
     test, validation: a separate `csv:PATH` or `npz:PATH` for that split (same columns or
     sample shape as SRC); it replaces test_fraction / val_fraction.
+    window, horizon, stride, season, time_column, relative, layout: `timeseries:PATH` (see
+    data/timeseries.py).
     """
     _check_args(task, val_fraction, test_fraction, seed, limit)
     kind, _, path = src.partition(":")
@@ -107,7 +121,22 @@ def load_dataset(
     path = os.path.expanduser(path) if path else None
     if kind not in SOURCES:
         raise DataError(f"unknown dataset source {src!r}; use one of: digits, mnist[:PATH], "
-                        "cifar10[:PATH], csv:PATH, npz:PATH, folder:PATH")
+                        "cifar10[:PATH], csv:PATH, npz:PATH, folder:PATH, timeseries:PATH")
+    if kind == "timeseries" or task == "forecast":
+        if kind != "timeseries" or not path:
+            raise DataError("task = \"forecast\" reads a time series: give [data] source = "
+                            "\"timeseries:PATH\" (a CSV with a time column and value columns)")
+        from pocket.train.data.timeseries import load_timeseries
+        return load_timeseries(path, task=task, target=target, time_column=time_column,
+                               window=window, horizon=horizon, stride=stride, season=season,
+                               relative=relative, layout=layout, val_fraction=val_fraction,
+                               test_fraction=test_fraction, limit=limit)
+    if task == "sequence-classification":
+        data = load_dataset(src, target=target, task="classification", val_fraction=val_fraction,
+                            test_fraction=test_fraction, cache_dir=cache_dir, seed=seed,
+                            limit=limit, image_size=image_size, channels=channels, test=test,
+                            validation=validation)
+        return as_sequences(data)
     if kind in ("csv", "npz", "folder") and not path:
         raise DataError(f"dataset source {kind!r} needs a path, e.g. {kind}:data/my_{kind}")
     if kind == "digits" and path:
@@ -159,9 +188,25 @@ def _read_extra(src: str, main: Raw, *, target: str | None, split: str) -> tuple
     return x, y
 
 
+def as_sequences(data: Dataset) -> Dataset:
+    """A classification set as sequences: images (C, H, W) read row by row, H steps of C*W
+    features each (`preprocessing["sequence"] = "rows"`); (L, F) samples pass as they are."""
+    shape = data.input_shape
+    if len(shape) == 3:
+        c, h, w = shape
+        for split in (data.train, data.val, data.test):
+            split.x = np.ascontiguousarray(split.x.transpose(0, 2, 1, 3).reshape(len(split.x), h, c * w))
+        data.input_shape = (h, c * w)
+        data.preprocessing = {**data.preprocessing, "sequence": "rows"}
+    elif len(shape) != 2:
+        raise DataError(f"{data.name}: sequence-classification needs images (C, H, W) or "
+                        f"sequences (L, F), got samples of shape {list(shape)}")
+    return data
+
+
 def _check_args(task, val_fraction, test_fraction, seed, limit) -> None:
-    if task not in (None, "classification", "regression"):
-        raise DataError(f"task must be 'classification' or 'regression', not {task!r}")
+    if task not in (None, *TASKS):
+        raise DataError(f"task must be one of {', '.join(TASKS)}, not {task!r}")
     for name, f in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
         if not 0.0 <= f < 1.0:
             raise DataError(f"{name} must be in [0, 1), got {f}")
