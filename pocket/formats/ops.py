@@ -267,7 +267,9 @@ OPS: dict[str, Op] = {
 
 # Op families live in modules of their own (`ops_<family>.py`, written against opschema alone),
 # each listing its entries in ENTRIES: import the module here and name it in _FAMILIES.
-_FAMILIES: tuple = ()
+from pocket.formats import ops_spiking  # noqa: E402
+
+_FAMILIES: tuple = (ops_spiking,)
 for _family in _FAMILIES:
     for _op in _family.ENTRIES:
         if _op.name in OPS:

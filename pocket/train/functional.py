@@ -830,3 +830,6 @@ ops.register_table("train", {
     "flatten": flatten, "reshape": reshape, "add": add, "concat": concat, "dropout": dropout,
     "softmax": softmax,
 })
+
+
+from pocket.train import functional_spiking  # noqa: E402,F401  (registers the spiking ops' train slot)

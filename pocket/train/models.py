@@ -306,3 +306,6 @@ def build_model(model_cfg: dict, input_shape, num_outputs: int, rng) -> nn.Seque
     _check_zoo_args(kwargs)
     kwargs.update({k: model_cfg[k] for k in model_options(name) if model_cfg.get(k) is not None})
     return ZOO[name](tuple(input_shape), num_outputs, rng=rng, **kwargs)
+
+
+from pocket.train import models_spiking  # noqa: E402,F401  (the snn zoo model, spiking layer kinds)

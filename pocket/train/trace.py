@@ -171,3 +171,6 @@ def trace(model: nn.Module, input_shape, metadata: dict | None = None,
     g.validate()
     params = {k: np.ascontiguousarray(state[k], dtype=np.float32) for k in b.params}
     return g, params
+
+
+from pocket.train import nn_spiking  # noqa: E402,F401  (registers the spiking layers' tracers)
