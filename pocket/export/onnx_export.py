@@ -302,3 +302,6 @@ def _version() -> str:
     from pocket import __version__
 
     return __version__
+
+
+from pocket.export import onnx_export_spiking  # noqa: E402,F401  (lif, spike_encode)

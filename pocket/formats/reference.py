@@ -346,7 +346,9 @@ def run(
         env[name] = np.asarray(params[name])
     for node in graph.nodes:
         kw = {}
-        if ops.OPS[node.op].int8 == ops.INT8_LAYER and _is_int8(node.attrs):
+        # an int8 layer, or an op with a weight-only int8 weight (lif: int8 weight, f32 input)
+        weight_i8 = len(node.inputs) > 1 and env[node.inputs[1]].dtype == np.int8
+        if (ops.OPS[node.op].int8 == ops.INT8_LAYER and _is_int8(node.attrs)) or weight_i8:
             qp = (quant or {}).get(node.inputs[1])
             kw["w_scale"] = None if qp is None else np.asarray(qp["scale"], np.float32)
         fn = ops.impl("reference", node.op)
@@ -364,3 +366,6 @@ def run_container(container, x: Mapping[str, np.ndarray] | np.ndarray, *,
         raise FormatError("container holds no graph")
     quant = {name: container.quant(name) for name in graph.params}
     return run(graph, container.tensors, x, quant, keep_all=keep_all)
+
+
+from pocket.formats import reference_spiking  # noqa: E402,F401  (spike_encode, lif)
