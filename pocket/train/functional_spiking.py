@@ -37,7 +37,7 @@ def surrogate(name: str, x, param: float, smooth: bool = False):
     """The surrogate's value (smooth) or the step (not smooth), and its derivative, at x."""
     xp = _xp(x)
     if name == "sigmoid":
-        sg = 1.0 / (1.0 + xp.exp(-param * x))
+        sg = 0.5 * (1.0 + xp.tanh(0.5 * param * x))  # the logistic, without exp's overflow
         d = param * sg * (1.0 - sg)
         val = sg if smooth else (x >= 0)
     elif name == "rectangular":
