@@ -205,3 +205,71 @@ def _trace_encode(b, m: SpikeEncoder, prefix: str, x: str) -> str:
     ins = [x] + ([b.param(_p(prefix, "noise"))] if m.mode == "rate" else [])
     return b.node(prefix, "spike_encode", ins, T=m.steps, mode=m.mode, gain=m.gain,
                   offset=m.offset)
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def summary(model: nn.Module, input_shape, precision: str = "fp32") -> dict | None:
+    """The time axis in the memory report: per spiking layer, its neurons per step and the
+    bytes a training step saves per sample for its backward (its synapse's input and its
+    membranes u_t, both T steps long: T multiplies them). None for a model without them."""
+    steps = time_steps(model)
+    layers = spiking_layers(model) + [(n, m) for n, m in model.named_modules()
+                                      if isinstance(m, LIF) and m.output == "membrane"]
+    if steps is None and not layers:
+        return None
+    shapes: dict[int, tuple] = {}
+
+    def grab(m):
+        fwd = m.forward
+
+        def wrapped(x):
+            shapes[id(m)] = (tuple(x.shape[1:]), fwd(x))
+            return shapes[id(m)][1]
+        return wrapped
+
+    from pocket.train.tensor import no_grad
+
+    was = model.training
+    model.eval()
+    for _, m in layers:
+        object.__setattr__(m, "forward", grab(m))
+    try:
+        with no_grad():
+            params = model.parameters()
+            x = np.zeros((1, *input_shape), np.float32)
+            if params:
+                x = backend.to_device(x, backend.device_of(params[0].data))
+            model(Tensor(x))
+    finally:
+        for _, m in layers:
+            object.__delattr__(m, "forward")
+        model.train(was)
+        firing_rates(model)  # the probe's spikes are not the run's
+    rows = []
+    for name, m in layers:
+        x_shape, y = shapes[id(m)]
+        t = x_shape[0]
+        neurons = int(np.prod(y.shape[2:] if m.output == "spikes" else y.shape[1:]))
+        saved = 4 * t * (int(np.prod(x_shape[1:])) * (m.synapse != "none") + neurons)
+        rows.append({"name": name, "synapse": m.synapse, "neurons": neurons,
+                     "saved_bytes_per_sample": saved})
+    out = {"time_steps": steps, "layers": rows,
+           "saved_bytes_per_sample": sum(r["saved_bytes_per_sample"] for r in rows)}
+    if precision == "fp16":
+        out["fp32_layers"] = [r["name"] for r in rows]
+    return out
+
+
+def render_summary(s: dict) -> list[str]:
+    from pocket.train.memory import format_bytes
+
+    lines = [f"spiking: T = {s['time_steps']} time steps; each layer saves its input and its "
+             f"membranes for all T steps, {format_bytes(s['saved_bytes_per_sample'])} a sample"]
+    lines += [f"  {r['name']:<8} {r['synapse']:<7} {r['neurons']:>6} neurons  "
+              f"{format_bytes(r['saved_bytes_per_sample']):>10} a sample" for r in s["layers"]]
+    if s.get("fp32_layers"):
+        lines.append(f"  under fp16 these layers stay fp32 (weights, membranes, surrogate "
+                     f"gradients): {', '.join(s['fp32_layers'])}")
+    return lines
