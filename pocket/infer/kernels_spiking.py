@@ -11,6 +11,8 @@ transposed at load to (K, O): each spike adds one contiguous row), the conv kern
 each input spike's kernel window into the outputs it reaches. The work falls with the firing
 rate; dense loops do every multiply-add. bench/spiking.py measures the two; lowering_spiking
 picks event-driven for inputs that are spikes (the output of a lif or a rate/latency encoder).
+An input that is the same at every step (a direct-current encoder's) has its currents computed
+at step 0 only (`const_t`): T times less synaptic work for the first layer.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ def _step(out, n, t, cur, v, decay, thr, subtract, mode):
 
 
 @njit(cache=True, inline="always")
+def _zero(a):
+    # NOTE: a loop, not `a[:] = 0`: inside a prange body an array expression becomes a nested
+    # parfor, which cost the parallel twin several times the serial one's time (measured)
+    flat = a.reshape(-1)
+    for i in range(flat.shape[0]):
+        flat[i] = 0
+
+
+@njit(cache=True, inline="always")
 def _finish(out, n, steps, mode):
     if mode == 2:
         inv = np.float32(steps)
@@ -56,25 +67,29 @@ def _finish(out, n, steps, mode):
 def lif_none(out, x, v, cur, decay, thr, subtract, mode):
     # x (N, T, F) currents -> out (N, T|1, F); v, cur (N, F) scratch
     for n in prange(x.shape[0]):
-        v[n, :] = 0
-        out[n] = 0
+        _zero(v[n])
+        _zero(out[n])
         for t in range(x.shape[1]):
-            cur[n, :] = x[n, t]
+            for f in range(x.shape[2]):
+                cur[n, f] = x[n, t, f]
             _step(out, n, t, cur[n], v[n], decay, thr, subtract, mode)
         _finish(out, n, x.shape[1], mode)
 
 
 @kernel
-def lif_linear(out, x, w, wt, scale, b, v, cur, acc, decay, thr, subtract, mode, sparse):
+def lif_linear(out, x, w, wt, scale, b, v, cur, acc, decay, thr, subtract, mode, sparse, const_t):
     # x (N, T, K), w (O, K), wt (K, O) (w transposed, for events), scale (O,) f64, b (O,) f64
     # -> out (N, T|1, O); v, cur (N, O) f32 and acc (N, O) f64 scratch
     steps, k_in, o_out = x.shape[1], x.shape[2], w.shape[0]
     for n in prange(x.shape[0]):
-        v[n, :] = 0
-        out[n] = 0
+        _zero(v[n])
+        _zero(out[n])
         a = acc[n]
         for t in range(steps):
-            a[:] = 0
+            if const_t and t > 0:  # the same input at every step: the same currents
+                _step(out, n, t, cur[n], v[n], decay, thr, subtract, mode)
+                continue
+            _zero(a)
             xt = x[n, t]
             if sparse:
                 for k in range(k_in):
@@ -98,18 +113,21 @@ def lif_linear(out, x, w, wt, scale, b, v, cur, acc, decay, thr, subtract, mode,
 
 @kernel
 def lif_conv(out, x, w, scale, b, v, cur, acc, sh, sw, ph, pw, decay, thr, subtract, mode,
-             sparse):
+             sparse, const_t):
     # x (N, T, C, H, W), w (O, C, kh, kw), scale/b (O,) f64 -> out (N, T|1, O*Ho*Wo);
     # v, cur (N, O*Ho*Wo) f32 and acc (N, O, Ho, Wo) f64 scratch
     steps, c_in, h, wd = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
     o_out, kh, kw = w.shape[0], w.shape[2], w.shape[3]
     ho, wo = acc.shape[2], acc.shape[3]
     for n in prange(x.shape[0]):
-        v[n, :] = 0
-        out[n] = 0
+        _zero(v[n])
+        _zero(out[n])
         a = acc[n]
         for t in range(steps):
-            a[:] = 0
+            if const_t and t > 0:
+                _step(out, n, t, cur[n], v[n], decay, thr, subtract, mode)
+                continue
+            _zero(a)
             xt = x[n, t]
             if sparse:  # scatter each input spike into the outputs whose window holds it
                 for c in range(c_in):

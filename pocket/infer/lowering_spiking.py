@@ -2,7 +2,8 @@
 
 A lif node's scratch holds, per sample, its membranes v and currents (float32) and its
 synaptic sums (float64). The synapse runs event-driven when its input is spikes (the output of
-a firing lif, or of a rate/latency encoder) and dense otherwise (direct current);
+a firing lif, or of a rate/latency encoder) and dense otherwise; behind a direct-current encoder
+its currents are computed once, at step 0 (the input is the same at every step);
 `POCKET_LIF=dense` or `POCKET_LIF=event` forces one for every lif node (benchmarks, tests).
 An int8 weight stays int8 (its per-channel scales apply to each float64 sum); the linear
 synapse's event-driven route keeps one transposed copy of its weight, made at load.
@@ -24,14 +25,20 @@ _MODES = {"spikes": ks.MODE_SPIKES, "count": ks.MODE_COUNT, "membrane": ks.MODE_
 _ENCODE = {"direct": 0, "rate": 1, "latency": 2}
 
 
+def _producer(ctx: PlanContext, node: Node) -> Node | None:
+    return next((o for o in ctx.graph.nodes if node.inputs[0] in o.outputs), None)
+
+
 def _spiking_input(ctx: PlanContext, node: Node) -> bool:
-    v = node.inputs[0]
-    for other in ctx.graph.nodes:
-        if v in other.outputs:
-            if other.op == "lif":
-                return other.attrs["output"] == "spikes"
-            return other.op == "spike_encode" and other.attrs["mode"] != "direct"
-    return False
+    p = _producer(ctx, node)
+    if p is not None and p.op == "lif":
+        return p.attrs["output"] == "spikes"
+    return p is not None and p.op == "spike_encode" and p.attrs["mode"] != "direct"
+
+
+def _constant_in_time(ctx: PlanContext, node: Node) -> bool:
+    p = _producer(ctx, node)
+    return p is not None and p.op == "spike_encode" and p.attrs["mode"] == "direct"
 
 
 def event_driven(ctx: PlanContext, node: Node) -> bool:
@@ -45,7 +52,7 @@ def _prep_lif(ctx: PlanContext, node: Node) -> dict:
     a = node.attrs
     out_sample = ctx.sample[node.outputs[0]]
     feat = math.prod(out_sample[1:] if a["output"] == "spikes" else out_sample)
-    d = {"feat": feat, "sparse": event_driven(ctx, node)}
+    d = {"feat": feat, "sparse": event_driven(ctx, node), "const_t": _constant_in_time(ctx, node)}
     if a["synapse"] != "none":
         wname = node.inputs[1]
         w = ctx.params[wname]
@@ -81,11 +88,11 @@ def _b_lif(ctx: PlanContext, step: int, node: Node, n: int) -> list:
     acc = ctx.scratch(step, np.float64, acc_shape, d["at"][2])
     if a["synapse"] == "linear":
         return [partial(ks.lif_linear, out, x.reshape(n, steps, -1), d["w"], d["wt"], d["scale"],
-                        d["bias"], v, cur, acc, *neuron, d["sparse"])]
+                        d["bias"], v, cur, acc, *neuron, d["sparse"], d["const_t"])]
     w = ctx.params[node.inputs[1]]
     (sh, sw), (ph, pw) = a["stride"], a["padding"]
     return [partial(ks.lif_conv, out, x, w, d["scale"], d["bias"], v, cur, acc, sh, sw, ph, pw,
-                    *neuron, d["sparse"])]
+                    *neuron, d["sparse"], d["const_t"])]
 
 
 def _prep_encode(ctx: PlanContext, node: Node) -> dict:
