@@ -35,11 +35,19 @@ def snn(input_shape, num_outputs, *, channels=None, hidden=None, steps: int = 12
     """A spiking network: images (C, H, W) go through spiking conv blocks (default channels
     16, 32; the second and later downsample by stride 2), any input through spiking linear
     blocks (default hidden 128), then a spiking linear head with `readout`."""
-    if readout not in ("count", "membrane"):
-        raise ValueError(f"readout must be count or membrane, got {readout!r}")
     neuron = dict(decay=decay, threshold=threshold, reset=reset, surrogate=surrogate,
                   alpha=alpha, width=width, learn_decay=learn_decay,
                   learn_threshold=learn_threshold)
+    try:
+        return _snn(input_shape, num_outputs, channels, hidden, steps, encoding, readout, neuron,
+                    rng)
+    except (TypeError, ValueError) as e:
+        raise models.ModelError(f"[model] snn: {e}") from None
+
+
+def _snn(input_shape, num_outputs, channels, hidden, steps, encoding, readout, neuron, rng):
+    if readout not in ("count", "membrane"):
+        raise ValueError(f"readout must be count or membrane, got {readout!r}")
     shape = tuple(input_shape)
     layers: list[nn.Module] = [S.SpikeEncoder(steps, encoding, shape=shape)]
     if len(shape) == 3:

@@ -190,3 +190,14 @@ def test_firing_rates_are_counted_per_layer():
     assert set(rates) == {"1", "2", "3"}  # the membrane readout does not fire
     assert all(0 <= r <= 1 for r in rates.values()) and max(rates.values()) > 0
     assert S.firing_rates(m) == {}  # read and reset
+
+
+def test_snn_options_are_checked_with_a_model_error():
+    from pocket.train import models
+
+    with pytest.raises(models.ModelError, match=r"\[model\] snn: readout must be count or membrane"):
+        models.ZOO["snn"]((1, 8, 8), 10, readout="spikes")
+    with pytest.raises(models.ModelError, match="encoding must be direct, rate or latency"):
+        models.ZOO["snn"]((4,), 3, encoding="poisson")
+    m = models.ZOO["snn"]((6,), 3, steps=3, hidden=[5], readout="membrane")
+    assert m(Tensor(np.ones((2, 6), np.float32))).shape == (2, 3)
