@@ -126,7 +126,7 @@ def main() -> None:
             loss.backward()
             topt.step()
             topt.zero_grad()
-            return float(loss)
+            return float(loss.detach())
 
         first = (pocket_step(), torch_step())
         times: dict[str, list[float]] = {"pocket": [], "torch": []}

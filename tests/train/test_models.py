@@ -94,9 +94,10 @@ def test_zoo_model_trace_matches_eval_output(case):
 
 
 def test_every_layer_type_is_covered():
-    from pocket.train.models import _LAYER_KEYS
+    from pocket.train.models import _BUILDERS, _LAYER_KEYS
 
-    assert {spec["type"] for spec in EVERY_LAYER} == set(_LAYER_KEYS)
+    # the kinds op families register (models.register_layer) are covered by their own tests
+    assert {spec["type"] for spec in EVERY_LAYER} == set(_LAYER_KEYS) - set(_BUILDERS)
 
 
 def test_layer_list_head_takes_num_outputs_and_tracks_shapes():

@@ -201,3 +201,30 @@ def test_snn_options_are_checked_with_a_model_error():
         models.ZOO["snn"]((4,), 3, encoding="poisson")
     m = models.ZOO["snn"]((6,), 3, steps=3, hidden=[5], readout="membrane")
     assert m(Tensor(np.ones((2, 6), np.float32))).shape == (2, 3)
+
+
+@pytest.mark.parametrize("cfg,shape", [
+    ({"name": "snn", "steps": 5, "channels": [3, 4], "hidden": [8], "threshold": 0.3,
+      "reset": "zero", "learn_decay": True, "learn_threshold": True}, (1, 6, 6)),
+    ({"name": "snn", "steps": 4, "encoding": "rate", "hidden": [6], "readout": "membrane",
+      "surrogate": "rectangular"}, (7,)),
+    ({"layers": [{"type": "spike_encode", "steps": 4, "mode": "latency"},
+                 {"type": "spiking_conv2d", "out": 3, "kernel": 3, "padding": 1, "stride": 2,
+                  "threshold": 0.2},
+                 {"type": "lif", "decay": 0.5, "threshold": 0.5},
+                 {"type": "spiking_linear", "out": 5, "threshold": 0.3},
+                 {"type": "spiking_linear", "output": "count", "threshold": 0.2}]}, (2, 5, 5)),
+], ids=["snn_conv", "snn_rate_membrane", "layer_list"])
+def test_spiking_models_trace_to_their_eval_output(cfg, shape):
+    from pocket.formats import reference
+    from pocket.train.models import build_model
+    from pocket.train.trace import trace
+
+    rng = _rng(12)
+    model = build_model(cfg, shape, 3, rng).eval()
+    x = rng.normal(0, 1, (4, *shape)).astype(np.float32)
+    want = model(Tensor(x)).data
+    graph, params = trace(model, shape)
+    got = reference.run(graph, params, {"input": x})["output"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert {n.op for n in graph.nodes} <= {"spike_encode", "lif"}
