@@ -228,3 +228,17 @@ def test_spiking_models_trace_to_their_eval_output(cfg, shape):
     got = reference.run(graph, params, {"input": x})["output"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert {n.op for n in graph.nodes} <= {"spike_encode", "lif"}
+
+
+@pytest.mark.parametrize("name,shape", [("digits_snn", (1, 8, 8)), ("mnist_snn", (1, 28, 28))])
+def test_the_example_configs_build(name, shape):
+    import pathlib
+
+    from pocket.train.config import load_config
+    from pocket.train.models import build_model
+
+    path = pathlib.Path(__file__).parents[2] / "examples" / f"{name}.toml"
+    cfg = load_config(str(path), {})
+    model = build_model(cfg["model"], shape, 10, _rng(13))
+    assert S.time_steps(model) == cfg["model"]["steps"] <= 16
+    assert model[-1].output == "count"
