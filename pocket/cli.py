@@ -282,10 +282,12 @@ def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, sep,
 @click.option("--atol", type=float, help="Gate: max abs error (default by precision).")
 @click.option("--rtol", type=float, help="Gate: max error relative to the output range.")
 @click.option("--min-agreement", type=click.FloatRange(0, 1), help="Gate: top-1 agreement.")
+@click.option("--max-count-mismatch", type=click.FloatRange(0, 1),
+              help="Gate (spike-count models): share of samples whose counts may differ.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @handle_errors
 def compare(ckpt, bin_path, onnx_path, data, inputs_path, random_n, limit, atol, rtol,
-            min_agreement, as_json):
+            min_agreement, max_count_mismatch, as_json):
     """Prove the exports compute what the training model computes; exit 1 when a gate fails."""
     from pocket.compare import compare as run_compare
     from pocket.compare import render
@@ -315,7 +317,8 @@ def compare(ckpt, bin_path, onnx_path, data, inputs_path, random_n, limit, atol,
         raise click.UsageError("choose one of --data, --inputs, --random")
     result = run_compare(ckpt, bin_path=bin_path, onnx_path=onnx_path, data=data,
                          inputs_path=inputs_path, random_n=random_n, limit=limit, atol=atol,
-                         rtol=rtol, min_agreement=min_agreement)
+                         rtol=rtol, min_agreement=min_agreement,
+                         max_count_mismatch=max_count_mismatch)
     emit(result, as_json, render)
     if not result["passed"]:
         sys.exit(EXIT_CHECK_FAILED)

@@ -24,6 +24,16 @@ GATES = {
 }
 
 
+# Spiking models whose output is spike counts (a final lif with output "count") are gated on
+# count agreement instead of atol/rtol (one spike more is an error of 1, not of rounding): the
+# share of samples whose count vector differs anywhere. Not zero for fp32: a membrane that lands
+# within float32 rounding of the threshold fires in one engine and not in another, because each
+# sums its synaptic currents in its own order (the training model in float32 BLAS, the engine
+# and the reference in float64, onnxruntime in its own float32 GEMM), and one flipped spike
+# changes the counts after it. int8 weights move every current, so only top-1 is gated there.
+SPIKE_GATES = {"fp32": 0.01, "int8": None}
+
+
 class CompareError(PocketError):
     """Inputs or models that cannot be compared (shape mismatch, missing onnxruntime...)."""
 
@@ -67,7 +77,8 @@ def _run_bin(path: str, x: np.ndarray) -> tuple[np.ndarray, bool]:
         if tuple(eng.input_shape) != tuple(x.shape[1:]):
             raise CompareError(f"{path}: the model takes inputs of shape {list(eng.input_shape)}, "
                                f"the inputs have {list(x.shape[1:])}")
-        int8 = any(n.op == "quantize" or "x_scale" in n.attrs for n in eng.graph.nodes)
+        int8 = any(n.op == "quantize" or "x_scale" in n.attrs for n in eng.graph.nodes) or any(
+            v.dtype == "i8" for v in eng.graph.params.values())  # weight-only int8 (lif)
         return np.array(eng.run(x, copy=True), np.float32), int8
 
 
@@ -118,8 +129,25 @@ def pair_metrics(ref: np.ndarray, out: np.ndarray, classification: bool) -> dict
     return m
 
 
+def spike_counts(graph) -> bool:
+    """Whether the graph's output is spike counts (its last node a lif decoding by count)."""
+    last = graph.nodes[-1] if graph.nodes else None
+    return last is not None and last.op == "lif" and last.attrs.get("output") == "count"
+
+
+def count_metrics(ref: np.ndarray, out: np.ndarray) -> dict:
+    differ = (ref.reshape(len(ref), -1) != out.reshape(len(out), -1)).any(axis=1)
+    return {"count_mismatch_samples": int(differ.sum()),
+            "count_mismatch": float(differ.mean()) if len(differ) else 0.0,
+            "count_mismatch_spikes": int(np.abs(ref.astype(np.int64) - out.astype(np.int64)).sum())}
+
+
 def _gate(metrics: dict, gates: dict) -> list[str]:
     fails = []
+    limit = gates.get("max_count_mismatch")
+    if limit is not None and metrics.get("count_mismatch", 0.0) > limit:
+        fails.append(f"{metrics['count_mismatch_samples']} samples' spike counts differ "
+                     f"({metrics['count_mismatch']:.2%} > max_count_mismatch {limit:g})")
     if gates["atol"] is not None and metrics["max_abs"] > gates["atol"]:
         fails.append(f"max_abs {metrics['max_abs']:.3g} > atol {gates['atol']:g}")
     if gates["rtol"] is not None and metrics["max_rel"] > gates["rtol"]:
@@ -207,11 +235,12 @@ def _token_ids(graph, x: np.ndarray, random_n: int | None) -> np.ndarray:
 def compare(ckpt: str, *, bin_path: str | None = None, onnx_path: str | None = None,
             data: str | None = None, inputs_path: str | None = None, random_n: int | None = None,
             limit: int | None = None, atol: float | None = None, rtol: float | None = None,
-            min_agreement: float | None = None) -> dict:
+            min_agreement: float | None = None, max_count_mismatch: float | None = None) -> dict:
     """Run every engine on the same inputs; result["passed"] is False when a gate fails."""
     model, ck = _training_model(ckpt)
     task = ck["meta"].get("dataset", {}).get("task", "classification")
     classification = task == "classification"
+    counts = spike_counts(ck["graph"])
     x, y, source = _inputs(ck, data, inputs_path, random_n, limit)
     x = _token_ids(ck["graph"], x, random_n)
     outputs = {"train": _run_training(model, x)}
@@ -241,16 +270,22 @@ def compare(ckpt: str, *, bin_path: str | None = None, onnx_path: str | None = N
         for b in names[i + 1:]:
             kind = "int8" if "int8" in (precision[a], precision[b]) else "fp32"
             gates = dict(GATES[kind])
-            for key, val in (("atol", atol), ("rtol", rtol), ("min_agreement", min_agreement)):
+            if counts:
+                gates.update(atol=None, rtol=None, max_count_mismatch=SPIKE_GATES[kind])
+            for key, val in (("atol", atol), ("rtol", rtol), ("min_agreement", min_agreement),
+                             ("max_count_mismatch", max_count_mismatch)):
                 if val is not None:
                     gates[key] = val
             m = pair_metrics(outputs[a], outputs[b], classification)
+            if counts:
+                m.update(count_metrics(outputs[a], outputs[b]))
             fails = _gate(m, gates)
             pairs.append({"pair": f"{a} vs {b}", "precision": kind, "gates": gates,
                           "metrics": m, "passed": not fails, "failures": fails})
             failures += [f"{a} vs {b}: {f}" for f in fails]
     return {"checkpoint": ckpt, "inputs": source, "samples": int(len(x)), "task": task,
-            "engines": engines, "pairs": pairs, "passed": not failures, "failures": failures}
+            "spike_counts": counts, "engines": engines, "pairs": pairs, "passed": not failures,
+            "failures": failures}
 
 
 def render(r: dict) -> str:
@@ -270,6 +305,13 @@ def render(r: dict) -> str:
         lines.append(f"{p['pair']:<15} {m['max_abs']:>9.2e} {m['max_rel']:>9.2e} "
                      f"{m['mean_abs']:>9.2e} {m['cosine']:>9.6f} {m['sqnr_db']:>8.1f} "
                      f"{top1:>7}  {'pass' if p['passed'] else 'FAIL'} ({p['precision']})")
+    if r.get("spike_counts"):
+        lines += ["", "spike counts (the output): samples whose counts differ"]
+        for p in r["pairs"]:
+            m, lim = p["metrics"], p["gates"].get("max_count_mismatch")
+            gate = f"gate {lim:.2%}" if lim is not None else "not gated (top-1 is)"
+            lines.append(f"  {p['pair']:<15} {m['count_mismatch_samples']:>5} of {r['samples']} "
+                         f"({m['count_mismatch']:.2%}), {m['count_mismatch_spikes']} spikes; {gate}")
     lines.append("")
     if r["passed"]:
         lines.append("PASS: every pair is within its gates")

@@ -335,6 +335,7 @@ def _version() -> str:
 from pocket.export import (  # noqa: E402, F401
     onnx_export_seqattn,
     onnx_export_seqconv,
+    onnx_export_spiking,
     onnx_export_ssm,
     onnx_export_vision,
 )

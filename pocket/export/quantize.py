@@ -38,6 +38,9 @@ from pocket.formats import quant as Q
 from pocket.formats.ir import Graph, Node, ValueInfo
 
 LAYERS = ops.with_int8(ops.INT8_LAYER)
+# Ops whose weight (input 1) goes int8, symmetric per output channel, while they read and write
+# f32: lif (ops_spiking), whose inputs are 0/1 spikes and whose membrane stays f32.
+WEIGHT_ONLY = ("lif",)
 PASSTHROUGH = ops.with_int8(ops.INT8_PASS)
 DEFAULT_CALIB_SAMPLES = 256
 DEFAULT_MAX_LAYER_ERROR = 0.2  # relative RMS error per channel (about 14 dB)
@@ -267,6 +270,9 @@ def quantize_graph(graph: Graph, params: Mapping[str, np.ndarray], calib_x: np.n
                "sqnr_db": errors.get(n.name, {}).get("sqnr_db"),
                "reason": why.get(n.name)}
               for n in graph.nodes if n.op in LAYERS]
+    layers += [{"name": n.name, "op": n.op, "int8": True, "error": None, "sqnr_db": None,
+                "reason": "weight-only int8: f32 inputs and state"}
+               for n in graph.nodes if n.op in WEIGHT_ONLY and len(n.inputs) > 1]
     return Quantized(qgraph, qparams, qinfo, layers, weights, calib, ranges, errors)
 
 
@@ -305,9 +311,19 @@ def _build(graph: Graph, params, plan: _Plan, ranges):
             w = qnode.inputs[1]
             weights.append(_weight_error(w, params[node.inputs[1]], p[w], quant[w]["scale"]))
         else:
-            nodes.append(Node(node.name, node.op, list(node.inputs), list(node.outputs),
-                              dict(node.attrs)))
-            out_params.update({v: np.asarray(params[v]) for v in node.inputs if v in graph.params})
+            inputs = list(node.inputs)
+            out_params.update({v: np.asarray(params[v]) for v in inputs if v in graph.params})
+            if node.op in WEIGHT_ONLY and len(inputs) > 1:
+                w_name = inputs[1]
+                w_q, w_scale = Q.quantize_weights(params[w_name])
+                if w_name in shared:
+                    inputs[1] = _fresh(f"{node.name}.weight_q", taken)
+                    taken.add(inputs[1])
+                out_params[inputs[1]] = w_q
+                quant[inputs[1]] = {"scale": w_scale.tolist(), "zero_point": [0] * len(w_scale),
+                                    "axis": 0}
+                weights.append(_weight_error(inputs[1], params[w_name], w_q, w_scale))
+            nodes.append(Node(node.name, node.op, inputs, list(node.outputs), dict(node.attrs)))
     g = Graph(dict(graph.inputs), list(graph.outputs), nodes,
               {n: ValueInfo(DTYPE_NAMES[a.dtype], tuple(a.shape)) for n, a in out_params.items()},
               dict(graph.metadata))

@@ -358,7 +358,9 @@ def run(
             env.update((o, known[o]) for o in node.outputs)
             continue
         kw = {}
-        if ops.OPS[node.op].int8 == ops.INT8_LAYER and _is_int8(node.attrs):
+        # an int8 layer, or an op with a weight-only int8 weight (lif: int8 weight, f32 input)
+        weight_i8 = len(node.inputs) > 1 and env[node.inputs[1]].dtype == np.int8
+        if (ops.OPS[node.op].int8 == ops.INT8_LAYER and _is_int8(node.attrs)) or weight_i8:
             qp = (quant or {}).get(node.inputs[1])
             kw["w_scale"] = None if qp is None else np.asarray(qp["scale"], np.float32)
         fn = ops.impl("reference", node.op)
@@ -380,5 +382,10 @@ def run_container(container, x: Mapping[str, np.ndarray] | np.ndarray, *,
 
 # The vision family (clip, silu, mul, channel_shuffle, slice); the activations by name here too.
 # Op families' references register themselves on import (they read the helpers above).
-from pocket.formats import reference_seqattn, reference_seqconv, reference_ssm  # noqa: E402, F401
+from pocket.formats import (  # noqa: E402, F401
+    reference_seqattn,
+    reference_seqconv,
+    reference_spiking,
+    reference_ssm,
+)
 from pocket.formats.reference_vision import clip, silu  # noqa: E402, F401

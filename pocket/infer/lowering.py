@@ -17,7 +17,7 @@ from pocket.formats import ops
 from pocket.formats.ir import Node
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
-from pocket.infer import lowering_seqattn, lowering_vision, routes
+from pocket.infer import lowering_seqattn, lowering_spiking, lowering_vision, routes
 from pocket.infer.lowering_common import _pool_geom
 from pocket.infer.lowering_conv import _b_conv2d, _prep_conv2d, fusable_pools, padded_pairs
 from pocket.infer.plan import PlanContext
@@ -36,7 +36,8 @@ def _prep_linear(ctx: PlanContext, node: Node) -> dict:
     return routes.prepare(ctx, node)
 
 
-PREPARE = {"linear": _prep_linear, "conv2d": _prep_conv2d, **lowering_seqattn.PREPARE}
+PREPARE = {"linear": _prep_linear, "conv2d": _prep_conv2d, **lowering_seqattn.PREPARE,
+           **lowering_spiking.PREPARE}
 
 
 def _b_linear(ctx: PlanContext, step: int, node: Node, n: int) -> list:
@@ -119,7 +120,7 @@ BUILDERS = ops.register_table("engine", {
     "maxpool2d": _b_maxpool2d, "avgpool2d": _b_avgpool2d,
     "global_avgpool": _b_global_avgpool, "flatten": _b_alias, "reshape": _b_alias,
     "dropout": _b_alias, "add": _b_add, "concat": _b_concat, "softmax": _b_softmax,
-    "quantize": _b_quantize, "dequantize": _b_quantize,
+    "quantize": _b_quantize, "dequantize": _b_quantize, **lowering_spiking.BUILDERS,
 })
 BUILDERS.update(lowering_vision.BUILDERS)
 BUILDERS.update(lowering_seqattn.BUILDERS)

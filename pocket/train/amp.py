@@ -171,7 +171,9 @@ class MixedPrecision:
 def _norm_parameter_ids(model) -> set[int]:
     from pocket.train.nn import _BatchNorm
 
-    return {id(p) for m in model.modules() if isinstance(m, _BatchNorm)
+    # spiking layers (nn_spiking) ask to stay fp32 through `keep_fp32`
+    return {id(p) for m in model.modules()
+            if isinstance(m, _BatchNorm) or getattr(m, "keep_fp32", False)
             for p in m.parameters()}
 
 

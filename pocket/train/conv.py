@@ -37,6 +37,12 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+def conv_out_hw(h: int, w: int, m) -> int:
+    """Output pixels of conv module m (nn.Conv2d) on an H x W image."""
+    return (_out_size(h, m.kernel_size[0], m.stride[0], m.padding[0], m.dilation[0])
+            * _out_size(w, m.kernel_size[1], m.stride[1], m.padding[1], m.dilation[1]))
+
+
 def _chunks(n: int, bytes_per_item: int, device: str):
     step = max(1, min(n, CONV_WORKSPACE_BYTES[device] // max(bytes_per_item, 1)))
     for n0 in range(0, n, step):

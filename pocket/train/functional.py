@@ -834,7 +834,12 @@ ops.register_table("train", {
 # The vision family as F.<name> too (mul is above; slice, which would shadow the builtin here,
 # is functional_vision.slice).
 # Op families: their differentiable forwards register themselves in slot "train" on import.
-from pocket.train import functional_seqattn, functional_seqconv, functional_ssm  # noqa: E402, F401
+from pocket.train import (  # noqa: E402, F401
+    functional_seqattn,
+    functional_seqconv,
+    functional_spiking,
+    functional_ssm,
+)
 from pocket.train.functional_vision import (  # noqa: E402, F401
     channel_shuffle,
     clip,

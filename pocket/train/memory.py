@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+_WORK = ("activations", "temporaries")
 
 
 class MemoryTracker:
@@ -21,6 +22,10 @@ class MemoryTracker:
         self.peak = dict.fromkeys(CATEGORIES, 0)
         self.total_live = 0
         self.total_peak = 0
+        # activations + temporaries together: their peaks do not coincide (a conv's workspace
+        # lives while part of the saved activations are already freed), so the planner
+        # measures the sum's own peak
+        self.work_peak = 0
 
     def alloc(self, category: str, key, nbytes: int) -> None:
         entries = self._entries[category]
@@ -35,6 +40,10 @@ class MemoryTracker:
             self.peak[category] = self.live[category]
         if self.total_live > self.total_peak:
             self.total_peak = self.total_live
+        if category in _WORK:
+            work = self.live["activations"] + self.live["temporaries"]
+            if work > self.work_peak:
+                self.work_peak = work
 
     def free(self, category: str, key) -> None:
         entries = self._entries[category]
@@ -53,6 +62,7 @@ class MemoryTracker:
     def reset_peak(self) -> None:
         self.peak = dict(self.live)
         self.total_peak = self.total_live
+        self.work_peak = self.live["activations"] + self.live["temporaries"]
 
     def report(self) -> dict:
         """{category: {"live": bytes, "peak": bytes}, ..., "total": {...}, "table": str}."""

@@ -328,6 +328,7 @@ from pocket.train import (  # noqa: E402, F401
     models_edge,
     models_seqattn,
     models_seqconv,
+    models_spiking,
     models_ssm,
     models_vision,
 )

@@ -10,9 +10,10 @@ added although the backward frees the first while it fills the second):
     activations      measured: the tracker's activation peak of a real forward+backward at
                      micro-batches 2 and 4, fitted as slope * batch + intercept (activation
                      bytes are linear in the batch), plus a 10% margin
-    temporaries      estimated, not measured: the im2col columns of the largest convolution
-                     (chunked by `conv.CONV_WORKSPACE_BYTES`); the tracker counts them when
-                     they exist, as temporaries
+    temporaries      on the GPU estimated: the im2col columns of the largest convolution
+                     (chunked by `conv.CONV_WORKSPACE_BYTES`); on the CPU measured with the
+                     activations (the peak of the two together, minus the activation peak),
+                     at most that estimate
 
 Search order: the largest micro-batch dividing the batch, trying no saver, then checkpointing
 (about sqrt(children) segments), then fp16 saved activations as well, then fp16 precision (only
@@ -108,9 +109,12 @@ def _conv_columns(model, input_shape) -> int:
                 x = visit(child, x)
             return x
         if convs:
-            hw = x.shape[2] * x.shape[3]
-            worst = max([worst] + [hw * c.in_channels * math.prod(c.kernel_size)
-                                   for c in convs])
+            # im2col columns are C*kh*kw x (output pixels); a spiking block's (N, T, C, H, W)
+            # input is T images a sample
+            h, w = x.shape[-2], x.shape[-1]
+            images = x.data.size // (x.shape[0] * x.shape[-3] * h * w)
+            worst = max([worst] + [images * conv.conv_out_hw(h, w, c) * c.in_channels
+                                   * math.prod(c.kernel_size) for c in convs])
         return m(x)
 
     with no_grad():
@@ -135,16 +139,25 @@ class _Probe:
         self.fits: dict = {}
 
     def activation_bytes(self, batch: int, segments: int, fp16_act: bool) -> int:
+        return self._fit(batch, segments, fp16_act)[0]
+
+    def work_bytes(self, batch: int, segments: int, fp16_act: bool) -> int:
+        """The peak of activations + temporaries together (at most the sum of their peaks)."""
+        return self._fit(batch, segments, fp16_act)[1]
+
+    def _fit(self, batch: int, segments: int, fp16_act: bool) -> tuple[int, int]:
         key = (segments, fp16_act)
         if key not in self.fits:
             peaks = [self._measure(b, segments, fp16_act) for b in PROBE_BATCHES]
-            (b0, b1), (p0, p1) = PROBE_BATCHES, peaks
-            slope = max(0.0, (p1 - p0) / (b1 - b0))
-            self.fits[key] = (slope, max(0.0, p0 - slope * b0))
-        slope, intercept = self.fits[key]
-        return int(slope * batch + intercept)
+            (b0, b1) = PROBE_BATCHES
+            lines = []
+            for p0, p1 in zip(*peaks):
+                slope = max(0.0, (p1 - p0) / (b1 - b0))
+                lines.append((slope, max(0.0, p0 - slope * b0)))
+            self.fits[key] = lines
+        return tuple(int(slope * batch + intercept) for slope, intercept in self.fits[key])
 
-    def _measure(self, batch: int, segments: int, fp16_act: bool) -> int:
+    def _measure(self, batch: int, segments: int, fp16_act: bool) -> tuple[int, int]:
         with tracking() as tracker:
             model = self.build().to(self.device)
             model.train()
@@ -155,7 +168,7 @@ class _Probe:
             forward_backward(model, x, self.task, self.k, checkpoint_segments=segments,
                              fp16_activations=fp16_act)
             backend.set_rng_state(state)  # planning must not shift the run's random stream
-            return tracker.peak["activations"]
+            return tracker.peak["activations"], tracker.work_peak
 
 
 def plan_memory(build_model: Callable[[], nn.Module], input_shape: tuple, num_outputs: int,
@@ -185,12 +198,19 @@ def plan_memory(build_model: Callable[[], nn.Module], input_shape: tuple, num_ou
         if precision == "fp16":
             act //= 2  # every float activation is fp16 already; fp16 saving changes nothing
         half = precision == "fp16"
+        temporaries = _workspace(columns, mb, 2 if half else 4, device)
+        if device.kind == "cpu":
+            # NOTE: on the CPU the tracker sees the conv workspace, so what the step adds to its
+            # activation peak is measured (the workspace lives while part of the activations
+            # are freed); the estimate stays the cap, since the chunks stop growing at it
+            temporaries = min(temporaries, max(0, probe.work_bytes(mb, seg, fp16_act)
+                                                - probe.activation_bytes(mb, seg, fp16_act)))
         bd = {
             "parameters": param_bytes + (param_bytes // 2 if half else 0),
             "gradients": grad_bytes + (grad_bytes // 2 if half else 0),
             "optimizer_state": slots * grad_bytes,
             "activations": int(act * (1 + MARGIN)),
-            "temporaries": _workspace(columns, mb, 2 if half else 4, device),
+            "temporaries": temporaries,
         }
         return sum(bd.values()), bd
 
@@ -209,7 +229,8 @@ def plan_memory(build_model: Callable[[], nn.Module], input_shape: tuple, num_ou
                     notes.append(f"batch {batch_size} runs as {batch_size // mb} micro-batches "
                                  f"of {mb}; BatchNorm sees {mb} samples at a time")
                 notes.append("activations measured at micro-batches 2 and 4 and extrapolated "
-                             f"(+{MARGIN:.0%}); conv workspace estimated, not measured")
+                             f"(+{MARGIN:.0%}); conv workspace "
+                             + ("measured with them" if device.kind == "cpu" else "estimated"))
                 return Plan(mb, batch_size // mb, seg if seg > 1 else 0, precision, fp16_act,
                             total, budget_bytes, bd, notes)
     total, bd = min((predict(1, *st) for st in settings), key=lambda r: r[0])

@@ -125,9 +125,17 @@ def render(r: dict) -> str:
         lines.append(f"seasonal-naive baseline on test: mase {test['baseline_mase']:.4g}  "
                      f"mae {test['baseline_mae']:.4g}  rmse {test['baseline_rmse']:.4g}  "
                      f"({'beaten' if test['mase'] < test['baseline_mase'] else 'NOT beaten'})")
+    rates = {k[len("fire_rate."):]: v for k, v in test.items() if k.startswith("fire_rate.")}
+    if rates:
+        lines.append("test firing rate (sparsity) per layer: " + ", ".join(
+            f"{k} {v:.1%} ({1 - v:.1%})" for k, v in rates.items()))
     lines.append("")
     lines.append("memory by category (bytes held by arrays pocket tracks):")
     lines.append(r["memory_table"])
+    if r.get("spiking"):
+        from pocket.train.nn_spiking import render_summary
+
+        lines += render_summary(r["spiking"])
     if r.get("gpu_pool"):
         g = r["gpu_pool"]
         lines.append(f"GPU memory pool: used {format_size(g['used_bytes'])}, held "

@@ -23,7 +23,7 @@ import numpy as np
 from pocket import __version__
 from pocket.errors import PocketError
 from pocket.formats.ir import make_metadata
-from pocket.train import backend, memory, optim
+from pocket.train import backend, memory, nn_spiking, optim
 from pocket.train import functional as F
 from pocket.train.checkpoint import (
     CheckpointError,
@@ -320,13 +320,18 @@ class Trainer:
     def evaluate(self, split) -> dict:
         if len(split) == 0:
             return {}
+        nn_spiking.firing_rates(self.model)  # start the count for this split
         out = self.predict(split.x)
+        spikes = {}
+        for k, v in nn_spiking.firing_rates(self.model).items():
+            spikes.update({f"fire_rate.{k}": v, f"sparsity.{k}": 1.0 - v})
         if self.task == "classification":
             z = out.astype(np.float64)
             z -= z.max(axis=1, keepdims=True)
             logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
             loss = float(-logp[np.arange(len(out)), split.y].mean())
-            return {"loss": loss, "accuracy": float((out.argmax(axis=1) == split.y).mean())}
+            return {"loss": loss, "accuracy": float((out.argmax(axis=1) == split.y).mean()),
+                    **spikes}
         y = split.y.reshape(out.shape).astype(np.float64)
         pred = out
         err = out.astype(np.float64) - y
@@ -345,7 +350,7 @@ class Trainer:
             from pocket.train.data.timeseries import forecast_metrics
 
             out.update(forecast_metrics(pred, y, split.baseline, self.data.preprocessing))
-        return out
+        return {**out, **spikes}
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -552,6 +557,7 @@ class Trainer:
                     cb(self, self.epoch, i)
             progress.clear()
             self.epoch += 1
+            fired = nn_spiking.firing_rates(self.model)  # this epoch's training steps
             val = self.evaluate(self.data.val)
             row = {"epoch": self.epoch, "step": self.step, "train_loss": loss_sum / max(seen, 1),
                    "lr": self.optimizer.lr, "time_s": round(time.monotonic() - t0, 3),
@@ -563,6 +569,7 @@ class Trainer:
                 row["train_accuracy"] = correct / max(seen, 1)
             if self.precision == "fp16":
                 row["loss_scale"] = self.scaler.scale
+            row.update({f"train_fire_rate.{k}": v for k, v in fired.items()})
             row.update({f"val_{k}": v for k, v in val.items()})
             row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                    for k, v in row.items()}
@@ -664,6 +671,9 @@ class Trainer:
             parts.append(f"peak {row['peak_bytes'] / 2**20:.1f} MiB")
         parts.append(f"lr {row['lr']:.2e}")
         parts.append(f"{row['time_s']:.1f}s")
+        rates = [v for k, v in row.items() if k.startswith("val_fire_rate.")]
+        if rates:
+            parts.append(f"fire {100 * sum(rates) / len(rates):.1f}%")
         if row.get("skipped_steps"):
             parts.append(f"skipped {row['skipped_steps']}")
         return "  ".join(parts)
@@ -716,6 +726,7 @@ class Trainer:
             "gpu_pool": gpu,
             "gpu_memory": self.gpu_peak.report() if self.gpu_peak is not None else None,
             "plan": self.plan.describe() if self.plan else None,
+            "spiking": nn_spiking.summary(self.model, self.data.input_shape, self.precision),
         }
         with open(self.out / "summary.json.tmp", "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2, default=str)
