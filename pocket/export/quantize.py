@@ -133,8 +133,9 @@ def _candidates(graph: Graph) -> tuple[set[str], dict[str, str]]:
         if n.op == "linear" and len(infos[n.inputs[0]].shape) > 2:
             why[n.name] = "a linear over (N, L, features) stays fp32 (int8 linear is 2-D)"
         elif not ops.int8_fuses(act):
+            fuse = ops.with_int8(ops.INT8_FUSE)
             why[n.name] = (f"fused activation '{act}' has no int8 form (only "
-                           f"{', '.join(ops.with_int8(ops.INT8_FUSE))} fuses into int8)")
+                           f"{' and '.join(fuse)} fuse{'s' if len(fuse) == 1 else ''} into int8)")
         else:
             ok.add(n.name)
     return ok, why
