@@ -474,8 +474,8 @@ def _hardswish_fwd(ctx, x):
 def _hardswish_bwd(ctx, gy):
     (x,) = ctx.saved
     xp = _xp(x)
-    # NOTE: at the kinks, PyTorch's one-sided choice: 0 at x < -3, (2x + 3) / 6 up to x = 3.
-    d = xp.where(x < -3, 0, xp.where(x <= 3, (2 * x + 3) / 6, 1))
+    # NOTE: at the kinks, PyTorch's one-sided choice: 0 up to x = -3, (2x + 3) / 6 below x = 3.
+    d = xp.where(x <= -3, 0, xp.where(x < 3, (2 * x + 3) / 6, 1))
     return (gy * d.astype(gy.dtype, copy=False),)
 
 
