@@ -4,7 +4,7 @@ keeping its most sensitive layers fp32, measured on held-out image-like inputs.
 
 NOTE: a random MobileNetV2 is chaotic (input noise at 40 dB SNR leaves 10 dB at its output),
 so layers that quantize at 36-44 dB each cost far more here than in a trained network; the
-fallback still finds the layers that matter (the stem and the early expansions first)."""
+fallback keeps the early layers (stem, first expansions), whose error all later ones amplify."""
 
 import numpy as np
 import pytest
