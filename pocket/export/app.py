@@ -169,7 +169,6 @@ def export(ckpt_path: str | os.PathLike, out_path: str | os.PathLike | None = No
         if int8_target is not None:
             with timer("int8_target"):
                 qz, target = meet_target(fgraph, qz, xs, env, float(int8_target), sens, quantize)
-                env = None
     qz.graph.metadata = {**graph.metadata, "export": {
         "int8": True, "calib_samples": len(calib), "layers_fp32": qz.layers_fp32}}
     with timer("write"):
@@ -187,7 +186,7 @@ def export(ckpt_path: str | os.PathLike, out_path: str | os.PathLike | None = No
     report["layers"] = qz.layers
     report["layers_fp32"] = [{"name": r["name"], "reason": r["reason"]}
                              for r in qz.layers if not r["int8"]]
-    report["sensitivity_samples"] = n_sens if sens else 0
+    report["sensitivity_samples"] = min(n_sens, len(calib)) if sens else 0
     if target is not None:
         report["int8_target"] = target
     report["weights"] = qz.weights
