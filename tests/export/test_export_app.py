@@ -160,7 +160,7 @@ def test_non_relu_activation_stays_fp32_and_exports(tmp_path):
     for fmt in ("bin", "onnx"):
         r = export(path, tmp_path / f"m.{fmt}", fmt=fmt, int8=True)
         assert r["layers_fp32"] == [{"name": "fc2", "reason": "fused activation 'sigmoid' has "
-                                     "no int8 form (only relu fuses into int8)"}]
+                                     "no int8 form (only relu, clip fuses into int8)"}]
         assert "top1_agreement" not in r["agreement"]
         assert r["agreement"]["max_abs_error"] < 0.05 * np.abs(reference.run(
             n.graph([out]), n.params, x)["value"]).max()
