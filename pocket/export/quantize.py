@@ -216,10 +216,11 @@ def _layer_errors(graph: Graph, params, x: np.ndarray, plan: _Plan, ranges,
             yq = reference.run(g, p, env[xv], quant)[g.outputs[0]].astype(np.float64)
             axes = (0, *range(2, y.ndim))
             s = sums[name]
-            s[0] = s[0] + ((yq - y) ** 2).sum(axis=axes)
-            s[1] = s[1] + (y**2).sum(axis=axes)
-            s[2] += float(((yq - y) ** 2).sum())
-            s[3] += float((y**2).sum())
+            d2, y2 = (yq - y) ** 2, y**2
+            s[0] = s[0] + d2.sum(axis=axes)
+            s[1] = s[1] + y2.sum(axis=axes)
+            s[2] += float(d2.sum())
+            s[3] += float(y2.sum())
     out = {}
     for name, (noise_c, signal_c, noise, signal) in sums.items():
         live = signal_c[signal_c > 0]

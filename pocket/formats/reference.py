@@ -217,7 +217,7 @@ def conv2d(a, x, w, b=None, *, w_scale=None):
             a.get("groups", 1))
     if _is_int8(a):
         # NOTE: shifting by x_zp before padding with 0 is exactly "padded x_q equals x_zp".
-        acc = _exact_int(_conv(_f64(x.astype(np.int64) - a["x_zero_point"]), _f64(w), *geom))
+        acc = _exact_int(_conv(x.astype(np.float64) - a["x_zero_point"], _f64(w), *geom))
         if b is not None:
             acc = acc + b.astype(np.int64).reshape(1, -1, 1, 1)
         return _int8_epilogue(a, acc, w_scale)
