@@ -94,7 +94,7 @@ def candidates(c: int, size: int, s: int, rng) -> dict:
     col = np.empty((1, ho * ho, 9 * c), np.int8)
     w2 = wq.reshape(c, 9)
     badj = bq.astype(np.int64) - X_ZP * ki.weight_sums(w2).astype(np.int64)
-    epi = (True, float(Y_ZP), float(Y_ZP), True)
+    epi = (True, float(Y_ZP), (float(Y_ZP), 127.0, np.inf), True)  # relu: clamp [y_zp, 127]
     geom = (1, 1, 1, 1)
     out = {}
     yq3 = yq.reshape(1, c, ho * ho)

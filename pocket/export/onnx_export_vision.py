@@ -33,8 +33,14 @@ def _silu(b: _Builder, n: Node) -> None:
     b.node("Mul", [x, s], n.outputs[0], n.name)
 
 
+def _input_shape(b: _Builder, n: Node) -> tuple:
+    # by the node's name: an int8 pass-through node arrives renamed onto "<node>/x" (to_onnx)
+    src = next(m for m in b.graph.nodes if m.name == n.name)
+    return b.graph.validate()[src.inputs[0]].shape
+
+
 def _channel_shuffle(b: _Builder, n: Node) -> None:
-    _, c, h, w = b.graph.validate()[n.inputs[0]].shape
+    _, c, h, w = _input_shape(b, n)
     g = n.attrs["groups"]
     # 0 copies the batch dim, so the model keeps its dynamic batch.
     split = b.const(f"{n.name}.split", np.asarray([0, g, c // g, h * w], np.int64))

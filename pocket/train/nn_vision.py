@@ -94,7 +94,7 @@ class Slice(Module):
 
     op = "slice"
 
-    def __init__(self, axis: int = 1, start: int = 0, end: int = 1):
+    def __init__(self, axis: int, start: int, end: int):
         super().__init__()
         for name, v in (("axis", axis), ("start", start), ("end", end)):
             if isinstance(v, bool) or not isinstance(v, int):

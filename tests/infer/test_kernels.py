@@ -326,8 +326,8 @@ def test_requant_rows_matches_requant_sum(kc, mode):
     to_int8 = mode.startswith("i8")
     m = qm.requant_multiplier(0.1, RNG.uniform(1e-3, 1e-2, o).astype(np.float32), 500.0 if to_int8 else None)
     relu = "relu" in mode
-    epi = (bias_adj, m, to_int8, -2.0 if to_int8 else 0.0, (-2.0 if relu else -128.0) if to_int8 else -128.0,
-           relu)
+    lo = (-2.0 if relu else -128.0) if to_int8 else -128.0
+    epi = (bias_adj, m, to_int8, -2.0 if to_int8 else 0.0, (lo, 127.0, math.inf), relu)
     dtype = np.int8 if to_int8 else np.float32
     got, want = np.empty((n, o), dtype), np.empty((n, o), dtype)
     ki.requant_rows(got, yf, *epi)
@@ -346,7 +346,7 @@ def test_requant_sum_pool_one_chunk_matches_split(k, s):
     geom = (w, k[0], k[1], (s or k)[0], (s or k)[1])
     bias_adj = RNG.integers(-2 ** 20, 2 ** 20, o).astype(np.int64)
     m = qm.requant_multiplier(0.1, RNG.uniform(1e-3, 1e-2, o).astype(np.float32), 500.0)
-    epi = (bias_adj, m, True, -2.0, -2.0, True)
+    epi = (bias_adj, m, True, -2.0, (-2.0, 127.0, math.inf), True)
     whole = RNG.integers(-2 ** 23, 2 ** 23, (o, n * h * w)).astype(np.float32)
     part = RNG.integers(-2 ** 22, 2 ** 22, whole.shape).astype(np.float32)
     split = np.stack([part, whole - part])

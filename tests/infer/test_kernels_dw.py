@@ -158,7 +158,7 @@ def test_dw_conv_int8_exact(name, mode):
     y_zp = -5 if to_int8 else 0
     out = np.empty((x.shape[0], c, ho, wo), np.int8 if to_int8 else np.float32)
     kd.dw_conv_q.serial(out, x, w_q, b_q, m, x_zp, to_int8, float(y_zp),
-                        float(y_zp if relu else -128), relu, *s, *p, *d)
+                        (float(y_zp if relu else -128), 127.0, np.inf), relu, *s, *p, *d)
     # the int8 padding holds x_zp, which the shift then cancels
     acc = naive_dw(x, w_q, s, p, d, x_zp, x_zp) + b_q.astype(np.int64).reshape(1, -1, 1, 1)
     if to_int8:
@@ -177,7 +177,7 @@ def test_dw_conv_int8_parallel_no_bias(name):
                y_zero_point=4)
     out = np.empty((x.shape[0], c, ho, wo), np.int8)
     kd.dw_conv_q(out, x, w_q, np.zeros(0, np.int32), qm.requant_multiplier(0.05, w_s, 0.03), 3,
-                 True, 4.0, 4.0, True, *s, *p, *d)
+                 True, 4.0, (4.0, 127.0, np.inf), True, *s, *p, *d)
     assert np.array_equal(out, ref.conv2d(a, x, w_q, w_scale=w_s))
 
 

@@ -108,7 +108,7 @@ def test_pad_pack_gemm_is_a_convolution(geom, c, by_table, shared):
     # the epilogue reads the same pitch: with m = 1 and no rounding it returns the sums
     out = np.zeros((n, o, ho, wo), np.float32)
     kv.requant_cols(out, c32, c32.view(np.float32), pitch, ho * pitch, np.zeros(o, np.int64), np.ones(o),
-                    False, 0.0, -128.0, False)
+                    False, 0.0, (-128.0, 127.0, np.inf), False)
     assert np.array_equal(out, want.transpose(0, 3, 1, 2).astype(np.float32))
 
 
@@ -201,7 +201,8 @@ def test_requant_cols(to_int8, ho, wo, pitch, gap):
     else:
         want = np.maximum(v.astype(np.float32), 0)
     out = np.zeros((n, o, ho, wo), want.dtype)
-    kv.requant_cols(out, c, c.view(np.float32), pitch, istride, bias, m, to_int8, -7.0, -7.0, relu)
+    kv.requant_cols(out, c, c.view(np.float32), pitch, istride, bias, m, to_int8, -7.0,
+                    (-7.0, 127.0, np.inf), relu)
     assert np.array_equal(out, want)
 
 
@@ -218,8 +219,8 @@ def test_requant_cols_pool(k, s, gap):
     ho, wo = (hc - k[0]) // s[0] + 1, (wc - k[1]) // s[1] + 1
     out = np.zeros((n, o, ho, wo), np.int8)
     sums = c.copy()  # a 2x2 pool works in place in c
-    kv.requant_cols_pool(out, c, c.view(np.float32), hc, pitch, istride, *k, *s, bias, m, True, 5.0, -128.0,
-                         False)
+    kv.requant_cols_pool(out, c, c.view(np.float32), hc, pitch, istride, *k, *s, bias, m, True, 5.0,
+                         (-128.0, 127.0, np.inf), False)
     acc = sums[:, :n * istride].reshape(o, n, istride)[..., :hc * pitch].reshape(o, n, hc, pitch)
     acc = acc[..., :wc].transpose(1, 0, 2, 3)
     y = np.clip(np.rint((acc + bias[:, None, None]) * m[:, None, None]) + 5, -128, 127)
@@ -244,7 +245,7 @@ def test_requant_cols_pack(relu, n):
     want = np.zeros((o // 4, mp), np.uint32)
     kv.pack_rows_t(want, np.ascontiguousarray(codes.T).view(np.uint32))
     got = np.full((o // 4, mp), 0xDEADBEEF, np.uint32)
-    kv.requant_cols_pack(got, c, c.view(np.float32), n, bias, m, 3.0, lo, relu)
+    kv.requant_cols_pack(got, c, c.view(np.float32), n, bias, m, 3.0, (lo, 127.0, np.inf), relu)
     assert np.array_equal(got[:, :n], want[:, :n])
     assert (got[:, n:] == 0xDEADBEEF).all()
     words = ((codes.astype(np.int64).T + 128).reshape(n, o // 4, 4) << np.array([0, 8, 16, 24])).sum(-1)

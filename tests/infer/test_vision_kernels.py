@@ -12,6 +12,8 @@ from pocket.formats import quant as qm
 from pocket.formats.ir import Node
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_vision as kv
+from pocket.infer.plan import EngineError
+from pocket.infer.routes import ROUTES
 
 RNG = np.random.default_rng(23)
 
@@ -164,3 +166,40 @@ def test_linear_int8_clip_exact(n, mode, int8_route):
     got, want = run_both(x_q, [Node("fc", "linear", ["x", "w", "b"], ["y"], attrs)], params, quant,
                          max_batch=64)
     assert np.array_equal(got, want)
+
+
+def _conv_cases(name, act, dtype, n=3):
+    c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
+    attrs = {"stride": s, "padding": p, "dilation": d, "groups": g, **act}
+    if dtype == "f32":
+        return (RNG.standard_normal((n, c, h, w)).astype(np.float32), attrs,
+                _conv_params(c, o, kh, kw, g), None, c * kh * kw)
+    params, quant = _int8_conv_params(c, o, kh, kw, g, 0.05)
+    attrs.update(x_scale=0.05, x_zero_point=9, y_scale=0.01, y_zero_point=-100)
+    return RNG.integers(-128, 128, (n, c, h, w)).astype(np.int8), attrs, params, quant, 0
+
+
+@pytest.mark.parametrize("route", [r for r, v in ROUTES.items() if v.op == "conv2d"])
+def test_every_conv_route_runs_the_new_codes(route, monkeypatch):
+    """POCKET_ROUTE forces each route in turn (winograd, the pitch and FMA routes, depthwise,
+    VNNI, the int8 BLAS / im2row ones...) on the convs it can run; fp32 relu6, clip and silu,
+    int8 with a clip clamp below 127."""
+    monkeypatch.setenv("POCKET_ROUTE", route)
+    ran = 0
+    for name in ("3x3-pad", "depthwise", "1x1", "5x5-stride2", "groups2"):
+        for dtype, acts in (("f32", FUSED), ("i8", FUSED[:2])):
+            for act in acts:
+                x, attrs, params, quant, scale = _conv_cases(name, act, dtype)
+                node = Node("conv", "conv2d", ["x", *params], ["y"], attrs)
+                try:
+                    got, want = run_both(x, [node], params, quant)
+                except EngineError as e:
+                    assert "cannot run it" in str(e)
+                    break
+                if dtype == "i8":
+                    assert np.array_equal(got, want), (name, act)
+                else:
+                    assert_close(got, want, scale=scale)
+                ran += 1
+    if not ran:
+        pytest.skip(f"{route} runs none of these convs on this CPU")
