@@ -95,7 +95,11 @@ def every_op_graph() -> dict:
 
 
 def test_graph_uses_every_op():
-    assert {n["op"] for n in every_op_graph()["nodes"]} == set(OPS)
+    # the ops of op families (ops_<family>.py) are covered by their own tests
+    from pocket.formats import ops
+
+    family = {op.name for f in ops._FAMILIES for op in f.ENTRIES}
+    assert {n["op"] for n in every_op_graph()["nodes"]} == set(OPS) - family
 
 
 def _check_shapes(g: Graph):
