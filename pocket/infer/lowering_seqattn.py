@@ -1,5 +1,5 @@
-"""Engine builders of the sequence ops (layernorm, embedding, matmul, transpose, attention)
-and the route of a linear on (N, ..., in) input; see lowering.py for the protocol."""
+"""Engine builders of the sequence ops (layernorm, embedding, matmul, transpose, attention),
+and which linears take routes/linear_rows.py; see lowering.py for the protocol."""
 
 from __future__ import annotations
 
@@ -10,35 +10,8 @@ import numpy as np
 
 from pocket.formats import ops
 from pocket.formats.ir import Node
-from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_seqattn as ks
-from pocket.infer.lowering_common import _EMPTY_F32, _act_code
 from pocket.infer.plan import EngineError, PlanContext, aligned
-from pocket.infer.routes.base import Route, register
-
-
-@register
-class LinearRows(Route):
-    """A linear on (N, ..., in): its N * ... rows as one BLAS GEMM, then bias and activation.
-    Not in the route table: lowering.py sends a linear here by its input's rank (fp32 only,
-    by the op's schema), so no 2-D route needs to know about leading dims."""
-
-    name, op = "linear_rows", "linear"
-
-    def limits(self, geo, dtype, cpu):
-        return None if dtype == "f32" else "fp32 only"
-
-    def prepare(self, ctx, node):
-        w = ctx.params[node.inputs[1]]
-        b = ctx.params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_F32
-        return {"route": self.name, "wT": w.T, "b": b}
-
-    def bind(self, ctx, step, node, d, n, pool=None):
-        a = node.attrs
-        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
-        x2, y2 = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
-        return [partial(np.matmul, x2, d["wT"], out=y2),
-                partial(kf.bias_act_rows, y2, y2, d["b"], _act_code(a), a["alpha"])]
 
 
 def rows_linear(ctx: PlanContext, node: Node) -> bool:
