@@ -187,6 +187,21 @@ def _inputs(ck: dict, data: str | None, inputs_path: str | None, random_n: int |
     return np.ascontiguousarray(x, np.float32), y, source
 
 
+def _token_ids(graph, x: np.ndarray, random_n: int | None) -> np.ndarray:
+    """x as the graph input's integer dtype where an embedding reads it (token ids): random
+    ids in [0, V) for --random, whole numbers checked otherwise."""
+    name = next(iter(graph.inputs))
+    if graph.inputs[name].dtype not in ("i64", "i32"):
+        return x
+    if random_n:
+        vocab = min(graph.params[n.inputs[1]].shape[0] for n in graph.nodes
+                    if n.op == "embedding" and n.inputs[0] == name)
+        return np.random.default_rng(0).integers(0, vocab, x.shape)
+    if not np.array_equal(x, np.rint(x)):
+        raise CompareError("the model reads token ids: the inputs must be whole numbers")
+    return x.astype(np.int64)
+
+
 # --------------------------------------------------------------------------- main
 
 def compare(ckpt: str, *, bin_path: str | None = None, onnx_path: str | None = None,
@@ -198,6 +213,7 @@ def compare(ckpt: str, *, bin_path: str | None = None, onnx_path: str | None = N
     task = ck["meta"].get("dataset", {}).get("task", "classification")
     classification = task == "classification"
     x, y, source = _inputs(ck, data, inputs_path, random_n, limit)
+    x = _token_ids(ck["graph"], x, random_n)
     outputs = {"train": _run_training(model, x)}
     precision = {"train": "fp32"}
     paths = {"train": ckpt}

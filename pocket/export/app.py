@@ -187,6 +187,11 @@ def _check_calib(graph: Graph, x: np.ndarray, samples: int | None) -> np.ndarray
     n = DEFAULT_CALIB_SAMPLES if samples is None else int(samples)
     if n < 1:
         raise ExportError(f"calib_samples must be >= 1, got {n}")
+    if info.dtype in ("i64", "i32"):  # token ids (an embedding's input), stored as float32
+        if not np.array_equal(x, np.rint(x)):
+            raise ExportError(f"input '{name}' takes integer ids, but the calibration samples "
+                              "are not whole numbers")
+        return x[:n].astype(np.int64 if info.dtype == "i64" else np.int32)
     return x[:n]
 
 

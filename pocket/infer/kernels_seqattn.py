@@ -1,6 +1,7 @@
-"""float32 kernels of the sequence ops: layer norm, attention, embedding lookup. Each is the
-optimized twin of its op in formats/reference_seqattn.py; sums run in float64, like the other
-engine kernels, and nothing is allocated (the scores live in the node's arena scratch)."""
+"""float32 kernels of the sequence ops: layer norm, attention's softmax, embedding lookup.
+Each is the optimized twin of its op (or of its part) in formats/reference_seqattn.py; sums run
+in float64, like the other engine kernels, and nothing is allocated (attention's scores live in
+the node's arena scratch)."""
 
 from __future__ import annotations
 
@@ -33,39 +34,27 @@ def layernorm(out, x, w, b, eps):
 
 
 @kernel
-def attention(out, q, k, v, s, scale, causal):
-    """q (B, L, D), k (B, S, D), v (B, S, Dv), s (B*L, S) float64 scratch -> out (B, L, Dv) =
-    softmax(q k^T * scale [keys j <= i when causal]) v, one query row per iteration."""
-    nb, lq, d = q.shape
-    ls, dv = k.shape[1], v.shape[2]
-    for r in prange(nb * lq):
-        bi, i = r // lq, r % lq
-        end = min(i + 1, ls) if causal else ls
-        sr, qr, dst = s[r], q[bi, i], out[bi, i]
+def attention_probs(s, scale, causal, lq):
+    """s (R, S) = q k^T scores, rows r = (b, i) with query i = r % lq -> in place, the
+    attention weights softmax(s * scale) over keys j (j <= i only when causal), 0 elsewhere;
+    max-shifted, summed in float64. Attention is then two batched BLAS GEMMs around this."""
+    r, ls = s.shape
+    for row in prange(r):
+        sr = s[row]
+        end = min(row % lq + 1, ls) if causal else ls
         m = -np.inf
         for j in range(end):
-            kr = k[bi, j]
-            acc = 0.0
-            for c in range(d):
-                acc += np.float64(qr[c]) * kr[c]
-            acc *= scale
-            sr[j] = acc
-            m = max(m, acc)
+            m = max(m, np.float64(sr[j]) * scale)
         tot = 0.0
         for j in range(end):
-            e = math.exp(sr[j] - m)
+            e = math.exp(np.float64(sr[j]) * scale - m)
             sr[j] = e
             tot += e
-        for c in range(dv):
-            dst[c] = 0.0
-        if end == 0:  # a causal query before the first key (L > S never gets here)
-            continue
         inv = 1.0 / tot
         for j in range(end):
-            p = np.float32(sr[j] * inv)
-            vr = v[bi, j]
-            for c in range(dv):
-                dst[c] += p * vr[c]
+            sr[j] = sr[j] * inv
+        for j in range(end, ls):
+            sr[j] = 0.0
 
 
 @njit(cache=True)

@@ -32,7 +32,7 @@ def no_prep(ctx: PlanContext, node: Node) -> dict:
 
 def _prep_linear(ctx: PlanContext, node: Node) -> dict:
     if lowering_seqattn.rows_linear(ctx, node):  # (N, ..., in): the 2-D routes do not apply
-        return lowering_seqattn.LinearRows().prepare(ctx, node)
+        return routes.ROUTES["linear_rows"].prepare(ctx, node)
     return routes.prepare(ctx, node)
 
 

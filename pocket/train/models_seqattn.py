@@ -25,7 +25,7 @@ def _head(dim: int, num_outputs: int, rng) -> list[nn.Module]:
 
 @register_model("transformer")
 def transformer(input_shape, num_outputs, *, dim=64, depth=2, heads=4, mlp_ratio=2.0,
-                dropout=0.0, vocab=0, positional="learned", causal=False, rng=None):
+                dropout=0.0, vocab=0, positional="learned", causal=False, rng=None, **_):
     """A Transformer encoder (Vaswani et al., 2017; pre-LN blocks as Xiong et al., 2020) over
     (L, F) features per step (a linear to `dim`) or, with `vocab` > 0, (L,) token ids (an
     embedding); learned or sinusoidal positions, `depth` blocks, a final LayerNorm, the mean
@@ -50,7 +50,7 @@ def transformer(input_shape, num_outputs, *, dim=64, depth=2, heads=4, mlp_ratio
 
 @register_model("vit", input_rank=3)
 def vit(input_shape, num_outputs, *, patch=0, dim=64, depth=4, heads=4, mlp_ratio=2.0,
-        dropout=0.0, rng=None):
+        dropout=0.0, rng=None, **_):
     """A Vision Transformer (Dosovitskiy et al., 2021): non-overlapping patch x patch patches
     embedded by a conv with stride = patch, learned positions, pre-LN encoder blocks, a final
     LayerNorm and mean pooling over the patches (no class token: as Beyer et al., 2022, it

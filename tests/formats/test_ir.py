@@ -28,6 +28,8 @@ PARAMS = {
     "fc.w": ("f32", [10, 16]), "fc.b": ("f32", [10]),
     "qfc.w": ("i8", [5, 10]), "qfc.b": ("i32", [5]),
     "qc.w": ("i8", [4, 16, 1, 1]),
+    "ln.w": ("f32", [HP * WP]), "ln.b": ("f32", [HP * WP]), "mm.w": ("f32", [16, 6]),
+    "emb.w": ("f32", [9, 4]),
 }
 
 EXPECTED = {  # node output -> (dtype, shape), derived by hand from the formulas above
@@ -46,6 +48,9 @@ EXPECTED = {  # node output -> (dtype, shape), derived by hand from the formulas
     "q": ("i8", ["N", 10]), "qfc": ("i8", ["N", 5]), "dq": ("f32", ["N", 5]),
     "qgap": ("i8", ["N", 16, 1, 1]), "qc": ("f32", ["N", 4, 1, 1]),
     "qmp": ("i8", ["N", 16, 1, 1]),
+    "ln": ("f32", ["N", 16, HP * WP]), "tr": ("f32", ["N", HP * WP, 16]),
+    "mm": ("f32", ["N", HP * WP, 6]), "heads": ("f32", ["N", 1, HP * WP, 6]),
+    "att": ("f32", ["N", 1, HP * WP, 6]), "emb": ("f32", ["N", 7, 4]),
 }
 
 
@@ -84,10 +89,17 @@ def every_op_graph() -> dict:
         node("qgap", "quantize", ["gap"], scale=0.02, zero_point=0),
         node("qc", "conv2d", ["qgap", "qc.w"], x_scale=0.02, x_zero_point=0),
         node("qmp", "maxpool2d", ["qgap"], kernel=1),
+        node("ln", "layernorm", ["rs", "ln.w", "ln.b"], eps=1e-5),
+        node("tr", "transpose", ["ln"], perm=[0, 2, 1]),
+        node("mm", "matmul", ["tr", "mm.w"]),
+        node("heads", "reshape", ["mm"], shape=[1, -1, 6]),
+        node("att", "attention", ["heads", "heads", "heads"], causal=True),
+        node("emb", "embedding", ["ids", "emb.w"]),
     ]
     return {
-        "inputs": [{"name": "x", "dtype": "f32", "shape": ["N", 3, H, W]}],
-        "outputs": ["sm", "dq", "qc", "qmp"],
+        "inputs": [{"name": "x", "dtype": "f32", "shape": ["N", 3, H, W]},
+                   {"name": "ids", "dtype": "i64", "shape": ["N", 7]}],
+        "outputs": ["sm", "dq", "qc", "qmp", "att", "emb"],
         "params": {k: {"dtype": d, "shape": s} for k, (d, s) in PARAMS.items()},
         "nodes": nodes,
         "metadata": {"task": "classification", "labels": [str(i) for i in range(5)]},

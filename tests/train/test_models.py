@@ -40,6 +40,19 @@ EVERY_LAYER = [
     {"type": "softmax", "axis": -1},
 ]
 
+# The sequence kinds (train/models_seqattn.py) on a (1, 8, 8) image; embedding (token ids,
+# not a float image) is covered in test_seqattn_models.py.
+SEQUENCE_LAYERS = [
+    {"type": "patch_embedding", "dim": 8, "patch": 2},             # (16, 8)
+    {"type": "positional_encoding", "kind": "learned"},
+    {"type": "attention", "heads": 2, "causal": True},
+    {"type": "transformer_block", "heads": 4, "mlp_ratio": 1.5, "dropout": 0.1},
+    {"type": "layernorm", "eps": 1e-6},
+    {"type": "linear", "out": 6},                                  # (16, 6)
+    {"type": "mean_pool"},                                         # (6,)
+    {"type": "linear"},
+]
+
 CASES = {
     "mlp": ({"name": "mlp", "hidden": [16, 8], "dropout": 0.2}, (1, 8, 8), 10),
     "mlp_flat": ({"name": "mlp"}, (20,), 3),
@@ -53,6 +66,9 @@ CASES = {
     "resnet": ({"name": "resnet", "channels": [4, 8, 8]}, (3, 32, 32), 10),
     "resnet_wide": ({"name": "resnet", "channels": [4, 8], "width": 2}, (3, 16, 16), 5),
     "layers": ({"layers": EVERY_LAYER}, (3, 12, 12), 5),
+    "layers_seq": ({"layers": SEQUENCE_LAYERS}, (1, 8, 8), 4),
+    "vit": ({"name": "vit", "dim": 8, "depth": 1, "heads": 2}, (3, 8, 8), 10),
+    "transformer": ({"name": "transformer", "dim": 8, "depth": 1, "heads": 2}, (5, 3), 2),
 }
 
 
@@ -96,8 +112,10 @@ def test_zoo_model_trace_matches_eval_output(case):
 def test_every_layer_type_is_covered():
     from pocket.train.models import _BUILDERS, _LAYER_KEYS
 
-    # the core kinds; a family's kinds (register_layer) are tested in its own files
-    assert {spec["type"] for spec in EVERY_LAYER} == set(_LAYER_KEYS) - set(_BUILDERS)
+    covered = {spec["type"] for spec in EVERY_LAYER + SEQUENCE_LAYERS} | {"embedding"}
+    # every core kind here; a family's kinds (register_layer) here or in its own test files
+    # (tests/train/test_ssm_models.py, the seqconv tests)
+    assert set(_LAYER_KEYS) - set(_BUILDERS) <= covered <= set(_LAYER_KEYS)
 
 
 def test_layer_list_head_takes_num_outputs_and_tracks_shapes():

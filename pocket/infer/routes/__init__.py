@@ -37,6 +37,7 @@ from pocket.infer.routes import (  # noqa: F401
     linear_fma,
     linear_gemv,
     linear_int8,
+    linear_rows,
     linear_vnni,
 )
 from pocket.infer.routes.base import ROUTES, Route, dtype_of, geometry_of
@@ -49,7 +50,8 @@ TABLE: dict[str, tuple[Route, ...]] = {op: tuple(ROUTES[r] for r in names) for o
                "conv_int8_blas", "conv_int8_im2row", "conv_winograd_fused", "conv_winograd",
                "conv_fma_pitch", "conv_fma_cols", "conv_pointwise",
                "conv_gemm_pitch", "conv_gemm", "conv_im2col"),
-    "linear": ("linear_vnni", "linear_int8", "linear_fma", "linear_gemv", "linear_blas"),
+    "linear": ("linear_vnni", "linear_int8", "linear_fma", "linear_gemv", "linear_blas",
+               "linear_rows"),
 }.items()}
 NAMES = tuple(r.name for routes in TABLE.values() for r in routes)
 

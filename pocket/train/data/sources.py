@@ -71,7 +71,8 @@ class Dataset:
 class Raw:
     """What a source reader hands back before splitting and normalization."""
 
-    kind: str  # "image" (x (N, C, H, W) raw pixels) | "table" (x (N, F) raw values)
+    kind: str  # "image" (x (N, C, H, W) raw pixels) | "table" (x (N, F) raw values) |
+    # "tokens" (x (N, L) integer ids, from an npz with a `vocab` entry)
     task: str
     x: np.ndarray
     y: np.ndarray
@@ -301,6 +302,8 @@ def _finish(name: str, raw: Raw, *, val_fraction: float, test_fraction: float, s
                         "add data or lower val_fraction/test_fraction")
     if raw.kind == "image":
         prep, norm_x = image_preprocessing(parts["train"][0], raw.pixel_max)
+    elif raw.kind == "tokens":  # ids stay whole numbers (float32 like every Split's x)
+        prep, norm_x = {"layout": "tokens"}, lambda a: a.astype(np.float32)
     else:
         prep, norm_x = table_preprocessing(parts["train"][0], raw.columns)
     norm_y = _class_ids

@@ -153,6 +153,13 @@ def read_npz(path: str, *, task: str | None) -> Raw:
     common = dict(task=task, x=x, y=y, labels=labels, x_test=x_test, y_test=y_test)
     if x.ndim == 4:
         return Raw(kind="image", pixel_max=_pixel_max(x), **common)
+    if "vocab" in arrays:  # x holds token ids (N, L) for an embedding: never standardized
+        vocab = int(np.asarray(arrays["vocab"]).reshape(-1)[0])
+        x_all = x if x_test is None else np.concatenate([x, x_test])
+        if x.ndim != 2 or x.dtype.kind not in "iu" or x_all.min() < 0 or x_all.max() >= vocab:
+            raise DataError(f"{path}: with 'vocab' ({vocab}), x must be (N, L) integer token ids "
+                            f"in [0, {vocab})")
+        return Raw(kind="tokens", **common)
     columns = [str(c) for c in arrays["columns"]] if "columns" in arrays else None
     if columns is not None and len(columns) != x.shape[1]:
         raise DataError(f"{path}: {len(columns)} names in 'columns' for {x.shape[1]} features")
