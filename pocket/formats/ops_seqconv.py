@@ -2,7 +2,8 @@
 
 Layout (N, C, L): channels (features) by time; conv1d weights (O, C/groups, K). conv1d pads
 asymmetrically ([left, right]) so a causal conv is one node ([(K-1)*dilation, 0]); it is an int8
-layer like conv2d and fuses the same activations (ops.py gives it conv2d's `activation`,
+layer like conv2d and fuses the same activations, and maxpool1d passes int8 through as
+maxpool2d does (ops.py gives it conv2d's `activation`,
 `alpha` and int8 attrs: the names in FUSES). The pools take single ints (kernel, stride,
 padding) and pad symmetrically, as ONNX's 1-D MaxPool / AveragePool and torch's pool1d do.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from pocket.formats.opschema import (
     INT8_LAYER,
+    INT8_PASS,
     Attr,
     Op,
     Out,
@@ -62,13 +64,14 @@ def _infer_conv1d(node, ins, where: str) -> Out:
 def _infer_pool1d(node, ins, where: str) -> Out:
     x = ins[0]
     a = node.attrs
-    need(x.dtype == "f32", where, f"{node.op} runs on f32, got {x.dtype}")
+    ok = ("f32", "i8") if node.op == "maxpool1d" else ("f32",)
+    need(x.dtype in ok, where, f"{node.op} runs on {' or '.join(ok)}, got {x.dtype}")
     _x3(node, x, where)
     k, p = a["kernel"], a["padding"]
     s = a.get("stride") or k
     need(k >= 1 and s >= 1 and p >= 0, where, "kernel and stride must be >= 1, padding >= 0")
     need(p * 2 <= k, where, "padding must be at most half the kernel")
-    return [("f32", (x.shape[0], x.shape[1], _out_len(x.shape[2], k, s, p, p, 1, where)))]
+    return [(x.dtype, (x.shape[0], x.shape[1], _out_len(x.shape[2], k, s, p, p, 1, where)))]
 
 
 def _infer_global1d(node, ins, where: str) -> Out:
@@ -88,7 +91,7 @@ ENTRIES = [
        "grouped 1-D cross-correlation, zero padding [left, right] (causal: [(K-1)*dilation, 0]), "
        "then the fused activation", int8=INT8_LAYER),
     Op("maxpool1d", 1, 1, dict(_POOL1D), _infer_pool1d,
-       "padding counts as -inf; stride defaults to the kernel"),
+       "padding counts as -inf; stride defaults to the kernel", int8=INT8_PASS),
     Op("avgpool1d", 1, 1, {**_POOL1D, "count_include_pad": Attr("bool", True)}, _infer_pool1d),
     Op("global_avgpool1d", 1, 1, {}, _infer_global1d, "(N, C, L) -> (N, C): the mean over time"),
     Op("global_maxpool1d", 1, 1, {}, _infer_global1d,

@@ -86,8 +86,9 @@ def _taps(x: np.ndarray, a, pad_value) -> list[np.ndarray]:
 
 @ops.register("reference", "maxpool1d")
 def maxpool1d(a, x, **_):
-    """x (N, C, L) -> (N, C, Lo); padding never wins."""
-    return np.maximum.reduce(_taps(x, a, -np.inf)).astype(np.float32)
+    """x (N, C, L) f32 or i8 -> (N, C, Lo); padding never wins (-inf, or -128 for i8)."""
+    pad = -128 if x.dtype == np.int8 else -np.inf
+    return np.maximum.reduce(_taps(x, a, pad)).astype(x.dtype)
 
 
 @ops.register("reference", "avgpool1d")

@@ -88,3 +88,31 @@ def global_maxpool1d(out, x):
         for i in range(1, length):
             m = nanmax(m, row[i])
         out[nc // c, nc % c] = m
+
+
+@kernel
+def pad_rows(xpad, x, pl, lp, pad):
+    """x (N, C, L) f32 or i8 -> xpad (C, R) f32: channel c's row holds the N sequences back to
+    back, each padded to lp = pl + L + pr with `pad` (pl of them before it; 0, or x_zp for int8
+    codes), then `pad` to R >= N*lp.
+
+    The layout of kernels_fma.gemm reading a stride-1 conv1d's input in place: tap j of
+    channel c is the row at c*R + j*d, and output column b*lp + t (t < Lo) is sequence b's
+    step t; the columns between sequences are discarded by the epilogue.
+    """
+    n, c, length = x.shape
+    r = xpad.shape[1]
+    z = np.float32(pad)
+    for ch in prange(c):
+        row = xpad[ch]
+        for b in range(n):
+            base = b * lp
+            for t in range(pl):
+                row[base + t] = z
+            src = x[b, ch]
+            for t in range(length):
+                row[base + pl + t] = np.float32(src[t])
+            for t in range(base + pl + length, base + lp):
+                row[t] = z
+        for t in range(n * lp, r):
+            row[t] = z

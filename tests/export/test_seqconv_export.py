@@ -100,3 +100,25 @@ def test_tcn_int8_is_int8_in_the_engine_and_onnxruntime(tmp_path):
     # onnxruntime's QDQ kernels round the same way; allow a quantization step for its order
     np.testing.assert_allclose(got, want_q, rtol=0, atol=0.05 * np.abs(want_q).max())
     assert np.abs(want_q - want).max() < 0.1 * np.abs(want).max()
+
+
+def test_int8_maxpool1d_passes_int8_between_conv1d(tmp_path):
+    rng = np.random.default_rng(2)
+    p = {"c1.w": _w(rng, 6, 3, 3), "c1.b": _w(rng, 6), "c2.w": _w(rng, 4, 6, 3), "c2.b": _w(rng, 4)}
+    g = _graph([
+        Node("c1", "conv1d", ["x", "c1.w", "c1.b"], ["c1:y"], {"padding": [2, 0],
+                                                               "activation": "relu"}),
+        Node("m", "maxpool1d", ["c1:y"], ["m:y"], {"kernel": 3, "stride": 2, "padding": 1}),
+        Node("c2", "conv1d", ["m:y", "c2.w", "c2.b"], ["c2:y"], {"padding": [1, 1]}),
+        Node("g", "global_maxpool1d", ["c2:y"], ["g:y"], {})], p)
+    x = rng.standard_normal((8, 3, 11)).astype(np.float32)
+    q = quantize_graph(g, p, x)
+    infos = q.graph.validate()
+    assert infos["m:y"].dtype == "i8" and infos["c1:y"].dtype == "i8"
+    want = ref.run(q.graph, q.params, x, q.quant)["g:y"]
+    with _engine(tmp_path, q.graph, q.params, q.quant) as eng:
+        np.testing.assert_array_equal(eng.run(x), want)
+    np.testing.assert_allclose(_ort(q.graph, q.params, x, q.quant), want, rtol=0,
+                               atol=0.05 * np.abs(want).max())
+    fp32 = ref.run(g, p, x)["g:y"]
+    assert np.abs(want - fp32).max() < 0.1 * np.abs(fp32).max()

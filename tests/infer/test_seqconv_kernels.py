@@ -51,11 +51,28 @@ def test_im2col1d_matches_its_twin(k, s, pl, pr, d):
     x = rng.standard_normal((2, 3, 7)).astype(np.float32)
     lo = (7 + pl + pr - d * (k - 1) - 1) // s + 1
     col = np.empty((3 * k, 2 * lo), np.float32)
-    ks.im2col1d.serial(col, x, k, s, pl, d, 0.0)
+    ks.im2col1d(col, x, k, s, pl, d, 0.0)  # the parallel twin once; the engine binds the serial
+    # one for small calls
     np.testing.assert_array_equal(col, naive_im2col1d(x, k, s, pl, d, lo, 0.0))
     xq = rng.integers(-128, 128, (2, 3, 7)).astype(np.int8)
-    ks.im2col1d(col, xq, k, s, pl, d, -7.0)
+    ks.im2col1d.serial(col, xq, k, s, pl, d, -7.0)
     np.testing.assert_array_equal(col, naive_im2col1d(xq, k, s, pl, d, lo, -7.0))
+
+
+def test_pad_rows_matches_its_twin():
+    x = np.random.default_rng(6).standard_normal((3, 2, 5)).astype(np.float32)
+    xpad = np.full((2, 3 * 8 + 4), np.nan, np.float32)
+    ks.pad_rows.serial(xpad, x, 2, 8, 0.0)  # 2 zeros, 5 steps, 1 zero per sequence, then zeros
+    want = np.zeros_like(xpad)
+    for b in range(3):
+        want[:, b * 8 + 2:b * 8 + 7] = x[b]
+    np.testing.assert_array_equal(xpad, want)
+    xq = np.arange(30, dtype=np.int8).reshape(3, 2, 5)
+    ks.pad_rows.serial(xpad, xq, 2, 8, -5.0)
+    want = np.full_like(xpad, -5.0)
+    for b in range(3):
+        want[:, b * 8 + 2:b * 8 + 7] = xq[b]
+    np.testing.assert_array_equal(xpad, want)
 
 
 def test_conv1d_direct_and_global_max_match_their_twins():
@@ -71,7 +88,7 @@ def test_conv1d_direct_and_global_max_match_their_twins():
                                    atol=1e-5)
     x[1, 2, 4] = np.nan
     got = np.empty((2, 4), np.float32)
-    ks.global_maxpool1d(got, x)
+    ks.global_maxpool1d.serial(got, x)
     np.testing.assert_array_equal(got, x.max(axis=2))
 
 
@@ -104,11 +121,12 @@ CASES = [
                    "alpha": 0.2}),
     (3, 7, 6, 3, {"padding": [1, 1], "groups": 3, "activation": "gelu"}),  # direct loops
     (5, 6, 2, 1, {"stride": 3}),
+    (3, 32, 5, 3, {"padding": [2, 0], "activation": "relu"}),  # whole tiles: GEMM epilogue
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
-def test_conv1d_engine_matches_reference(case):
+def test_conv1d_engine_matches_reference(case, fp32_route):
     c, length, o, k, attrs = case
     rng = np.random.default_rng(2)
     attrs = dict(attrs)
@@ -120,16 +138,21 @@ def test_conv1d_engine_matches_reference(case):
             x = rng.standard_normal((n, c, length)).astype(np.float32)
             want = ref.run(g, params, x)[g.outputs[0]]
             np.testing.assert_allclose(eng.run(x), want, rtol=1e-5, atol=1e-5)
+        if fp32_route == "fma" and length % 16 == 0:
+            names = [getattr(c.func, "__name__", "") for c in eng._bind(1).calls]
+            assert not any("bias_act" in s for s in names), names
 
 
-def test_conv1d_engine_splits_the_batch_into_chunks(monkeypatch):
+def test_conv1d_engine_splits_the_batch_into_chunks(monkeypatch, fp32_route):
     monkeypatch.setattr(lowering_seqconv, "SCRATCH_BYTES", 1000)
+    monkeypatch.setattr(lowering_seqconv, "FMA_SCRATCH_BYTES", 1000)
     rng = np.random.default_rng(3)
     node, params = _conv(rng, "c", "x", 3, 4, 3, padding=[2, 0])
     g = _graph(3, 13, [node], params)
     x = rng.standard_normal((5, 3, 13)).astype(np.float32)
     with Engine(FakeContainer(g, params), max_batch=5) as eng:
         assert eng._prep[0]["chunk"] < 5
+        assert eng._prep[0].get("fma", False) == (fp32_route == "fma")
         np.testing.assert_allclose(eng.run(x), ref.run(g, params, x)[g.outputs[0]], rtol=1e-5,
                                    atol=1e-5)
 
@@ -163,13 +186,14 @@ def _int8_tcn_like(rng, c, length, k_big=False):
 
 
 @pytest.mark.parametrize("c", [3, 350])  # 350 * 3 taps: GEMMs in chunks of EXACT_K
-def test_int8_conv1d_engine_matches_reference_exactly(c):
+def test_int8_conv1d_engine_matches_reference_exactly(c, fp32_route):
     rng = np.random.default_rng(5)
     q = _int8_tcn_like(rng, c, 9)
     assert [r["int8"] for r in q.layers] == [True, True]
     with Engine(FakeContainer(q.graph, q.params, q.quant), max_batch=4) as eng:
         conv = eng.graph.nodes[1]
         assert conv.op == "conv1d" and "y_scale" in conv.attrs
+        assert eng._prep[1].get("fma", False) == (fp32_route == "fma" and c == 3)
         if c == 350:
             assert eng._prep[1]["kc"] == 2
         for n in (1, 4):
