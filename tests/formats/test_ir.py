@@ -111,7 +111,8 @@ def test_graph_uses_every_op():
     from pocket.formats import ops
 
     family = {op.name for f in ops._FAMILIES for op in f.ENTRIES}
-    assert {n["op"] for n in every_op_graph()["nodes"]} == set(OPS) - family
+    # every core op here; a family's ops here (the sequence ops are) or in its own tests
+    assert set(OPS) - family <= {n["op"] for n in every_op_graph()["nodes"]} <= set(OPS)
 
 
 def _check_shapes(g: Graph):
