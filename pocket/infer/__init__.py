@@ -8,6 +8,8 @@
     with pi.Engine("model.bin") as eng:          # the engine itself, zero-copy:
         logits = eng.run(x)                      # x (N, *eng.input_shape); a view the
                                                  # next call overwrites
+        with eng.stream(chunk=1) as s:           # a sequence model a step at a time, its
+            y_t = s(x[:, t:t + 1])               # ssm state kept between calls (streaming.py)
 
 What lives where, and how an op flows from IR to kernel: `engine.py` (Engine) reads the
 container, validates the graph and plans once: it builds the `plan.py` PlanContext (weights,

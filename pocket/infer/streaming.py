@@ -10,7 +10,7 @@ and keeps every `ssm` layer's state between calls.
 Engine.stream plans a second engine over the same weights whose input is (N, chunk, F) and whose
 graph metadata says "streaming", so that lowering_ssm keeps the state (float64, outside the
 arena) instead of zeroing it at each call. Concatenating the chunks' outputs gives the output
-of the whole sequence (tests/infer/test_ssm_stream.py). Only a model whose every node acts on
+of the whole sequence (tests/infer/test_ssm_engine.py). Only a model whose every node acts on
 each time step alone, or carries its state (a causal ssm), can stream: a head that mixes
 steps (flatten + linear over the window) or a bidirectional ssm is an EngineError naming the
 node. The batch size is fixed from the first call until `reset()`.
