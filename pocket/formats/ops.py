@@ -54,6 +54,7 @@ from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages us
     Shape,
     broadcast,
     check_attr,
+    check_groups,
     check_qparams,
     check_weights,
     check_x_dtype,
@@ -88,13 +89,7 @@ def _infer_conv2d(node, ins, where: str) -> Out:
     check_x_dtype(node, x, where)
     need(len(x.shape) == 4, where, f"input must be 4-D (N, C, H, W), got {list(x.shape)}")
     need(len(w.shape) == 4, where, f"weight must be 4-D [O, C/groups, kh, kw], got {list(w.shape)}")
-    g = a["groups"]
-    need(g >= 1, where, "groups must be >= 1")
-    c, o = x.shape[1], w.shape[0]
-    need(isinstance(c, int) and c % g == 0 and o % g == 0, where,
-         f"channels in ({c}) and out ({o}) must both be divisible by groups ({g})")
-    need(w.shape[1] * g == c, where,
-         f"weight expects {w.shape[1] * g} input channels but the input has {c}")
+    o = check_groups(node, x, w, where)
     check_weights(node, ins, where, o)
     s, p, d = a["stride"], a["padding"], a["dilation"]
     need(min(s) >= 1 and min(d) >= 1 and min(p) >= 0, where,

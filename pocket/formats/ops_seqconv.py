@@ -16,6 +16,7 @@ from pocket.formats.opschema import (
     Attr,
     Op,
     Out,
+    check_groups,
     check_weights,
     check_x_dtype,
     need,
@@ -45,13 +46,7 @@ def _infer_conv1d(node, ins, where: str) -> Out:
     check_x_dtype(node, x, where)
     _x3(node, x, where)
     need(len(w.shape) == 3, where, f"weight must be 3-D [O, C/groups, K], got {list(w.shape)}")
-    g = a["groups"]
-    need(g >= 1, where, "groups must be >= 1")
-    c, o = x.shape[1], w.shape[0]
-    need(isinstance(c, int) and c % g == 0 and o % g == 0, where,
-         f"channels in ({c}) and out ({o}) must both be divisible by groups ({g})")
-    need(w.shape[1] * g == c, where,
-         f"weight expects {w.shape[1] * g} input channels but the input has {c}")
+    o = check_groups(node, x, w, where)
     check_weights(node, ins, where, o)
     p = a["padding"]
     need(len(p) == 2, where, f"padding must be [left, right], got {p}")

@@ -126,6 +126,18 @@ def check_weights(node, ins, where: str, out_features: int) -> None:
              f"bias '{node.inputs[2]}' must have shape [{out_features}], got {list(b.shape)}")
 
 
+def check_groups(node, x, w, where: str) -> int:
+    """A grouped conv's channel rules (conv2d, conv1d); returns the output channels."""
+    g = node.attrs["groups"]
+    need(g >= 1, where, "groups must be >= 1")
+    c, o = x.shape[1], w.shape[0]
+    need(isinstance(c, int) and c % g == 0 and o % g == 0, where,
+         f"channels in ({c}) and out ({o}) must both be divisible by groups ({g})")
+    need(w.shape[1] * g == c, where,
+         f"weight expects {w.shape[1] * g} input channels but the input has {c}")
+    return o
+
+
 def conv_out(size: Dim, k: int, s: int, p: int, d: int, where: str, axis: str) -> int:
     need(isinstance(size, int), where, f"spatial {axis} must be a fixed integer")
     out = (size + 2 * p - d * (k - 1) - 1) // s + 1
