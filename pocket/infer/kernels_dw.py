@@ -294,3 +294,207 @@ def dw_conv_q(out, x, w, b, m, x_zp, to_int8, y_zp, lo, relu, sh, sw, ph, pw, dh
             _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 5, 5, 2)
         else:
             _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 0, 0, 0)
+
+
+
+# --------------------------------------------------------------------------- padded planes
+#
+# The kernels above pay, per plane, a border loop with a bounds test per tap and a vector
+# loop per row: on MobileNet's 8x8 and 4x4 maps that is most of the time (480 planes of 4x4:
+# 190 us where the multiply-adds need a few). These copy each plane once into a padded
+# scratch plane (the padding is written once a call: every plane fills the same interior),
+# so every output is an interior one, and compute the whole plane as ONE flat loop over the
+# outputs at the padded pitch, t = oh * pitch + ow: tap (i, j) of output t reads
+# t + i*dh*pitch + j*dw, a constant offset, in chunks of VEC outputs (a loop of constant trip
+# count, which LLVM turns into whole vectors: one AVX-512 register, four NEON ones, no scalar
+# remainder). The columns ow >= Wo of each row are junk that the copy-out (with the
+# activation or the int8 epilogue) skips.
+#
+# Stride 2 (dilation 1) splits the padded plane into its four phases (even/odd rows x even/
+# odd columns, each at pitch Wq = ceil(Wp / 2)) as it copies: tap (i, j) of output
+# (oh, ow) reads phase (i % 2, j % 2) at (oh + i // 2, ow + j // 2), so the flat loop again
+# reads at constant offsets, contiguously, and the junk is one column in Wq, not half.
+#
+# Each part (a thread's share of the N*C planes) has its own scratch row: the padded plane
+# (or phases) and the flat outputs (float32, or int32 sums for int8).
+
+VEC = 16  # outputs per chunk of the flat loop
+
+
+def padded_fast(kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> bool:
+    """Whether the padded-plane kernels take this geometry (others take dw_conv / dw_conv_q)."""
+    return (kh, kw) in ((3, 3), (5, 5)) and sh == sw and (sh == 1 or (sh == 2 and dh == dw == 1))
+
+
+def padded_sizes(h: int, wd: int, ho: int, wo: int, sh: int, ph: int, pw: int) -> tuple[int, int]:
+    """(elements of one part's padded plane scratch, of its flat output scratch)."""
+    hp, wp = h + 2 * ph, wd + 2 * pw
+    if sh == 1:
+        return hp * wp + VEC, -(-((ho - 1) * wp + wo) // VEC) * VEC
+    hq, wq = -(-hp // 2), -(-wp // 2)
+    return 4 * (hq * wq + VEC), -(-((ho - 1) * wq + wo) // VEC) * VEC
+
+
+@njit(cache=True, inline="always")
+def _layout(h, wd, ho, wo, sh, ph, pw):
+    """(pitch of the flat outputs, elements of one stride-2 phase plane, flat outputs)."""
+    wp = wd + 2 * pw
+    if sh == 1:
+        pitch, plane = wp, 0
+    else:
+        pitch = (wp + 1) // 2
+        plane = ((h + 2 * ph + 1) // 2) * pitch + VEC
+    return pitch, plane, -(-((ho - 1) * pitch + wo) // VEC) * VEC
+
+
+@njit(cache=True, inline="always")
+def _pad_plane(xp, xf, src, h, wd, ph, pw, pitch, plane, sh):
+    """The plane at xf[src:] into the interior of xp: at pitch Wp (stride 1), or split into
+    its four phases (stride 2: planes of `plane` elements at pitch Wq)."""
+    if sh == 1:
+        for ih in range(h):
+            d0, s0 = (ih + ph) * pitch + pw, src + ih * wd
+            for iw in range(wd):
+                xp[np.uint64(d0 + iw)] = xf[np.uint64(s0 + iw)]
+        return
+    for ih in range(h):
+        r = ih + ph
+        d0, s0 = (r & 1) * 2 * plane + (r >> 1) * pitch, src + ih * wd
+        for iw in range(wd):
+            c = iw + pw
+            xp[np.uint64(d0 + (c & 1) * plane + (c >> 1))] = xf[np.uint64(s0 + iw)]
+
+
+@njit(cache=True, inline="always")
+def _tap(i, j, pitch, plane, dh, dw, S):
+    """The offset of tap (i, j) from its output's flat index."""
+    if S == 1:
+        return i * dh * pitch + j * dw
+    return ((i & 1) * 2 + (j & 1)) * plane + (i >> 1) * pitch + (j >> 1)
+
+
+@njit(cache=True, inline="always")
+def _flat_f32(tmp, xp, wf, wb, bo, n_out, pitch, plane, dh, dw, KH, KW, S):
+    """tmp[t] = bo + the sum of output t's taps, for t < n_out (a multiple of VEC)."""
+    for t0 in range(0, n_out, VEC):
+        for u in range(VEC):
+            t = np.uint64(t0 + u)
+            acc = bo
+            for i in range(KH):
+                for j in range(KW):
+                    acc += (wf[np.uint64(wb + i * KW + j)]
+                            * xp[t + np.uint64(_tap(i, j, pitch, plane, dh, dw, S))])
+            tmp[t] = acc
+
+
+@njit(cache=True, inline="always")
+def _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, KH, KW, S):
+    """acc[t] = the int32 sum of x_q * w_q over output t's taps (see _interior_q's casts),
+    for t < n_out (a multiple of VEC)."""
+    for t0 in range(0, n_out, VEC):
+        for u in range(VEC):
+            t = np.uint64(t0 + u)
+            a = np.int32(0)
+            for i in range(KH):
+                for j in range(KW):
+                    a = np.int32(a + np.int32(
+                        np.int32(xp[t + np.uint64(_tap(i, j, pitch, plane, dh, dw, S))])
+                        * np.int32(wf[np.uint64(wb + i * KW + j)])))
+            acc[t] = a
+
+
+@njit(cache=True, inline="always")
+def _flat_epilogue(tmp, acc, n_out, badj, epi):
+    """tmp[t] = the epilogue of badj + acc[t] (int8 codes or float32 values, tmp's dtype).
+
+    NOTE: a loop of its own: inside _flat_q's, LLVM vectorized neither (the multiply-adds ran
+    scalar), and in the copy-out along 4- and 8-wide rows it ran scalar."""
+    m, y_zp, clamp, to_int8, relu = epi
+    for t0 in range(0, n_out, VEC):
+        for u in range(VEC):
+            t = np.uint64(t0 + u)
+            tmp[t] = _epilogue(np.int64(acc[t]) + badj, m, y_zp, clamp, to_int8, relu)
+
+
+@njit(cache=True, inline="always")
+def _parts(tasks, parts, part):
+    return part * tasks // parts, (part + 1) * tasks // parts
+
+
+@kernel(contract=True)
+def dw_conv_padded(out, x, w, b, xp_all, tmp_all, sh, ph, pw, dh, dw, act, alpha):
+    """dw_conv for the geometries of padded_fast: xp_all (parts, padded_sizes[0]) and
+    tmp_all (parts, padded_sizes[1]) float32 scratch, one row a part (a thread's planes)."""
+    n, c, h, wd = x.shape
+    kh = w.shape[2]
+    ho, wo = out.shape[2], out.shape[3]
+    pitch, plane, n_out = _layout(h, wd, ho, wo, sh, ph, pw)
+    has_bias = b.shape[0] > 0
+    xf, of, wf = x.reshape(-1), out.reshape(-1), w.reshape(-1)
+    parts = xp_all.shape[0]
+    for part in prange(parts):
+        xp, tmp = xp_all[part], tmp_all[part]
+        xp[:] = 0.0
+        lo, hi = _parts(n * c, parts, part)
+        for nc in range(lo, hi):
+            ch = nc % c
+            _pad_plane(xp, xf, nc * h * wd, h, wd, ph, pw, pitch, plane, sh)
+            bo = b[ch] if has_bias else np.float32(0.0)
+            if kh == 3 and sh == 1:
+                _flat_f32(tmp, xp, wf, ch * 9, bo, n_out, pitch, plane, dh, dw, 3, 3, 1)
+            elif kh == 3:
+                _flat_f32(tmp, xp, wf, ch * 9, bo, n_out, pitch, plane, dh, dw, 3, 3, 2)
+            elif sh == 1:
+                _flat_f32(tmp, xp, wf, ch * 25, bo, n_out, pitch, plane, dh, dw, 5, 5, 1)
+            else:
+                _flat_f32(tmp, xp, wf, ch * 25, bo, n_out, pitch, plane, dh, dw, 5, 5, 2)
+            ob = nc * ho * wo
+            for oh in range(ho):
+                src, dst = oh * pitch, ob + oh * wo
+                for ow in range(wo):
+                    of[np.uint64(dst + ow)] = tmp[np.uint64(src + ow)]
+                _act_run(of, dst, dst + wo, act, alpha)
+
+
+@kernel
+def dw_conv_padded_q(out, x, w, b, xp_all, acc_all, tmp_all, m, x_zp, to_int8, y_zp, lo, relu,
+                     sh, ph, pw, dh, dw):
+    """dw_conv_q for the geometries of padded_fast: xp_all (parts, padded_sizes[0]) int8,
+    acc_all (parts, padded_sizes[1]) int32 (the sums) and tmp_all (parts, padded_sizes[1]) of
+    out's dtype (the flat outputs after the epilogue).
+    The padding holds x_zp, so every tap reads x_q and
+    acc = (b_q - x_zp * sum(w_q)) + sum(x_q * w_q), exactly dw_conv_q's."""
+    n, c, h, wd = x.shape
+    kh, kw = w.shape[2], w.shape[3]
+    ho, wo = out.shape[2], out.shape[3]
+    pitch, plane, n_out = _layout(h, wd, ho, wo, sh, ph, pw)
+    has_bias = b.shape[0] > 0
+    xf, of, wf = x.reshape(-1), out.reshape(-1), w.reshape(-1)
+    parts = xp_all.shape[0]
+    zp = np.int64(x_zp)
+    for part in prange(parts):
+        xp, acc, tmp = xp_all[part], acc_all[part], tmp_all[part]
+        xp[:] = np.int8(x_zp)
+        first, last = _parts(n * c, parts, part)
+        for nc in range(first, last):
+            ch = nc % c
+            _pad_plane(xp, xf, nc * h * wd, h, wd, ph, pw, pitch, plane, sh)
+            wb = ch * kh * kw
+            wsum = np.int64(0)
+            for t in range(kh * kw):
+                wsum += np.int64(wf[wb + t])
+            badj = (np.int64(b[ch]) if has_bias else np.int64(0)) - zp * wsum
+            if kh == 3 and sh == 1:
+                _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 3, 3, 1)
+            elif kh == 3:
+                _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 3, 3, 2)
+            elif sh == 1:
+                _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 5, 5, 1)
+            else:
+                _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 5, 5, 2)
+            _flat_epilogue(tmp, acc, n_out, badj, (m[ch], y_zp, lo, to_int8, relu))
+            ob = nc * ho * wo
+            for oh in range(ho):
+                src, dst = oh * pitch, ob + oh * wo
+                for ow in range(wo):
+                    of[np.uint64(dst + ow)] = tmp[np.uint64(src + ow)]

@@ -524,9 +524,19 @@ def bias_act_pitch(out, y, pitch, istride, b, act, alpha):
         for oh in range(ho):
             src = np.uint64(oc * mp + bi * istride + oh * pitch)
             dst = np.uint64((r * ho + oh) * wo)
-            if act == 1:
+            # NOTE: none, ReLU and relu6 as vector loops; through activate() (float64, one
+            # call an element) MobileNetV2-0.5's 17 expand convs took 1.3 ms of its 5.4
+            if act == 0:
+                for ow in range(wo):
+                    of[dst + np.uint64(ow)] = yf[src + np.uint64(ow)] + bo
+            elif act == 1:
                 for ow in range(wo):
                     of[dst + np.uint64(ow)] = relu(yf[src + np.uint64(ow)] + bo)
+            elif act == 9:
+                hi = np.float32(alpha)  # as bias_act_run: float32 equals activate's here
+                for ow in range(wo):
+                    v = relu(yf[src + np.uint64(ow)] + bo)
+                    of[dst + np.uint64(ow)] = hi if v > hi else v
             else:
                 for ow in range(wo):
                     of[dst + np.uint64(ow)] = activate(np.float64(yf[src + np.uint64(ow)] + bo), act,

@@ -181,6 +181,60 @@ def test_dw_conv_int8_parallel_no_bias(name):
     assert np.array_equal(out, ref.conv2d(a, x, w_q, w_scale=w_s))
 
 
+# --------------------------------------------------------------------------- padded planes
+
+# the geometries of the padded-plane kernels (kd.padded_fast), with small maps and odd sizes
+PADDED = [name for name, case in CASES.items() if kd.padded_fast(*case[4], *case[5], *case[7])] + [
+    "4x4-s1", "s2-pad2-odd"]
+CASES_PADDED = {**CASES, "4x4-s1": (2, 7, 4, 4, (3, 3), (1, 1), (1, 1), (1, 1)),
+                "s2-pad2-odd": (2, 3, 15, 13, (5, 5), (2, 2), (2, 2), (1, 1))}
+
+
+def _padded_scratch(case, parts, x_dtype, t_dtype, fill):
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
+    a, t = kd.padded_sizes(h, wd, ho, wo, s[0], *p)
+    # junk in the scratch: the kernel must write every element it reads
+    return np.full((parts, a), fill, x_dtype), np.full((parts, t), fill, t_dtype)
+
+
+@pytest.mark.parametrize("name", PADDED)
+@pytest.mark.parametrize("act", ["relu6", "tanh"])
+def test_dw_conv_padded_f32(name, act):
+    """Against the naive twin, on one part (serial) and on two (the parallel twin)."""
+    case = CASES_PADDED[name]
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    y = naive_dw(x, w, s, p, d, 0.0) + b.reshape(1, -1, 1, 1)
+    twin = np.clip(y, 0.0, 6.0) if act == "relu6" else np.tanh(y)
+    code = kf.ACT["clip"] if act == "relu6" else kf.ACT[act]
+    for parts, fn in ((1, kd.dw_conv_padded.serial), (2, kd.dw_conv_padded)):
+        xp, tmp = _padded_scratch(case, parts, np.float32, np.float32, np.nan)
+        out = np.full((n, c, ho, wo), np.nan, np.float32)
+        fn(out, x, w, b, xp, tmp, s[0], *p, *d, code, 6.0)
+        assert np.all(np.abs(out - twin) <= _f32_bound(x, w, b, s, p, d)), parts
+
+
+@pytest.mark.parametrize("name", PADDED)
+def test_dw_conv_padded_int8_exact(name):
+    """Bit for bit with the naive twin (x_zp in the padding, requantized to int8 with ReLU)."""
+    case = CASES_PADDED[name]
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
+    x = RNG.integers(-128, 128, (n, c, h, wd)).astype(np.int8)
+    w_q, w_s = qm.quantize_weights(RNG.standard_normal((c, 1, *k)).astype(np.float32))
+    b_q = qm.quantize_bias(RNG.standard_normal(c).astype(np.float32), 0.05, w_s)
+    m = qm.requant_multiplier(0.05, w_s, 0.07)
+    acc = naive_dw(x, w_q, s, p, d, 11, 11) + b_q.astype(np.int64).reshape(1, -1, 1, 1)
+    twin = _naive_requant(acc, m, -5, True)
+    for parts, fn in ((1, kd.dw_conv_padded_q.serial), (2, kd.dw_conv_padded_q)):
+        xp, tmp = _padded_scratch(case, parts, np.int8, np.int8, 77)
+        acc = np.full(tmp.shape, 2**31 - 1, np.int32)
+        out = np.empty((n, c, ho, wo), np.int8)
+        fn(out, x, w_q, b_q, xp, acc, tmp, m, 11, True, -5.0, (-5.0, 127.0, np.inf), True, s[0], *p, *d)
+        assert np.array_equal(out, twin), parts
+
+
 # --------------------------------------------------------------------------- engine
 
 

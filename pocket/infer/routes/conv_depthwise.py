@@ -1,13 +1,17 @@
 """fp32 depthwise conv (groups == input channels == output channels, weight (C, 1, kh, kw)):
-kernels_dw.dw_conv, a vectorized interior per plane and a per-pixel border, no scratch.
-Ahead of conv_direct, which stays for channel multipliers (O a multiple of C)."""
+kernels_dw.dw_conv_padded (each plane copied into a padded scratch plane, then one flat
+vector loop) for 3x3 and 5x5 at stride 1 or 2, kernels_dw.dw_conv (a vectorized interior per
+plane and a per-pixel border, no scratch) for every other geometry. Ahead of conv_direct,
+which stays for channel multipliers (O a multiple of C)."""
 
 from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
+
 from pocket.infer import kernels_dw as kd
-from pocket.infer.lowering_common import _act_alpha, _act_code
+from pocket.infer.lowering_common import _act_alpha, _act_code, _aligned
 from pocket.infer.routes.base import Route, conv_prep, register
 
 
@@ -15,6 +19,37 @@ def depthwise_limit(geo) -> str | None:
     if geo.groups == 1 or not geo.c == geo.o == geo.groups:
         return "needs groups == input channels == output channels > 1 (depthwise)"
     return None
+
+
+def padded_prep(ctx, d: dict, sizes: tuple[int, ...]) -> None:
+    """d gets the padded-plane kernels' scratch when its geometry is theirs: one row a thread
+    of each region, the padded plane (sizes[0] bytes an element), then the flat outputs'
+    regions (sizes[1:] bytes an element each). d["padded"] = (rows, plane, flat, offsets)."""
+    geo = d["geo"]
+    kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
+    if not kd.padded_fast(kh, kw, sh, sw, dh, dw):
+        return
+    a, t = kd.padded_sizes(geo.h, geo.w, geo.ho, geo.wo, sh, ph, pw)
+    rows = max(1, ctx.threads)
+    offsets, at = [], 0
+    for i, size in enumerate(sizes):
+        offsets.append(at)
+        at += _aligned(rows * (a if i == 0 else t) * size)
+    d["padded"] = (rows, a, t, tuple(offsets))
+    d["scratch_bytes"] = at
+
+
+def padded_scratch(ctx, step: int, d: dict, n: int, dtypes) -> list:
+    """The regions of one bind (dtypes as padded_prep's sizes): as many parts as threads will
+    share the N*C planes (one when the call runs serially)."""
+    rows, a, t, offsets = d["padded"]
+    geo = d["geo"]
+    planes = n * geo.c
+    parts = min(rows, ctx.threads, planes)
+    if not ctx.parallel(16 * planes * max(geo.h * geo.w, geo.ho * geo.wo)):
+        parts = 1
+    return [ctx.scratch(step, dt, (parts, a if i == 0 else t), at)
+            for i, (dt, at) in enumerate(zip(dtypes, offsets))]
 
 
 @register
@@ -25,9 +60,17 @@ class ConvDepthwise(Route):
         return "fp32 only" if dtype != "f32" else depthwise_limit(geo)
 
     def prepare(self, ctx, node):
-        return conv_prep(ctx, node, self.name)
+        d = conv_prep(ctx, node, self.name)
+        padded_prep(ctx, d, (4, 4))
+        return d
 
     def bind(self, ctx, step, node, d, n, pool=None):
         a = node.attrs
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
-        return [partial(kd.dw_conv, y, x, d["w"], d["b"], *d["geom"][2:], _act_code(a), _act_alpha(a))]
+        act, alpha = _act_code(a), _act_alpha(a)
+        kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
+        if "padded" in d:
+            xp, tmp = padded_scratch(ctx, step, d, n, (np.float32, np.float32))
+            return [partial(kd.dw_conv_padded, y, x, d["w"], d["b"], xp, tmp, sh, ph, pw, dh, dw,
+                            act, alpha)]
+        return [partial(kd.dw_conv, y, x, d["w"], d["b"], *d["geom"][2:], act, alpha)]

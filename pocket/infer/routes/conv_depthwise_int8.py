@@ -1,6 +1,8 @@
-"""int8 depthwise conv (groups == input channels == output channels): kernels_dw.dw_conv_q,
-exact int32 sums with kernels_int8's epilogue, no im2row and no scratch. Ahead of the int8
-im2row route (and the VNNI ones, which take groups == 1 only)."""
+"""int8 depthwise conv (groups == input channels == output channels): exact int32 sums with
+kernels_int8's epilogue, no im2row. kernels_dw.dw_conv_padded_q (padded scratch planes holding
+x_zp, one flat vector loop with the epilogue in it) for 3x3 and 5x5 at stride 1 or 2, kernels_dw.dw_conv_q (no
+scratch) for other geometries. Ahead of the int8 im2row route (and the VNNI ones, which take
+groups == 1 only)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import numpy as np
 from pocket.infer import kernels_dw as kd
 from pocket.infer.lowering_common import _int8_consts
 from pocket.infer.routes.base import Route, conv_prep, register
-from pocket.infer.routes.conv_depthwise import depthwise_limit
+from pocket.infer.routes.conv_depthwise import depthwise_limit, padded_prep, padded_scratch
 
 
 @register
@@ -27,9 +29,15 @@ class ConvDepthwiseInt8(Route):
         # b_q itself: the kernel folds x_zp out per plane (the border taps need it unfolded)
         d["b_q"] = (ctx.params[node.inputs[2]] if len(node.inputs) > 2
                     else np.zeros(0, np.int32))
+        padded_prep(ctx, d, (1, 4, 1 if d["to_int8"] else 4))
         return d
 
     def bind(self, ctx, step, node, d, n, pool=None):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
-        return [partial(kd.dw_conv_q, y, x, d["w"], d["b_q"], d["m"], node.attrs["x_zero_point"],
-                        d["to_int8"], d["y_zp"], d["lo"], d["relu"], *d["geom"][2:])]
+        kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
+        epi = (d["m"], node.attrs["x_zero_point"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+        if "padded" in d:
+            xp, acc, tmp = padded_scratch(ctx, step, d, n, (np.int8, np.int32, y.dtype))
+            return [partial(kd.dw_conv_padded_q, y, x, d["w"], d["b_q"], xp, acc, tmp, *epi, sh, ph,
+                            pw, dh, dw)]
+        return [partial(kd.dw_conv_q, y, x, d["w"], d["b_q"], *epi, *d["geom"][2:])]
