@@ -35,6 +35,12 @@ class Builder:
         self.params[name] = ValueInfo("f32", tuple(int(d) for d in arr.shape))
         return name
 
+    def derived(self, name: str, array: np.ndarray) -> str:
+        """Declare a tensor computed at trace time (a LoRA layer's merged weight) as a graph
+        param; the trainer stores it in the checkpoint beside the state dict."""
+        self.state[name] = np.asarray(array, np.float32)
+        return self.param(name)
+
     def node(self, name: str, op: str, inputs: list[str], **attrs) -> str:
         name = name or op
         base, i = name, 1
@@ -175,4 +181,4 @@ def trace(model: nn.Module, input_shape, metadata: dict | None = None,
     return g, params
 
 
-from pocket.train import nn_spiking, trace_seqattn, trace_ssm  # noqa: E402, F401  (their tracers)
+from pocket.train import nn_spiking, trace_lora, trace_seqattn, trace_ssm  # noqa: E402, F401  (their tracers)
