@@ -23,6 +23,7 @@ from pocket.train.trainer import TrainingInterrupted
 BASE = """\
 [run]
 seed = 0
+tensorboard = false
 [data]
 source = "digits"
 classes = [0, 1, 2]
@@ -40,6 +41,7 @@ keep = "last"
 ADAPT = """\
 [run]
 seed = 0
+tensorboard = false
 [data]
 source = "digits"
 classes = [7, 8, 9]
