@@ -31,7 +31,7 @@ def apply_config(model: Module, cfg: dict, rng=None) -> list[str]:
     return apply_lora(model, lo["rank"], lo["alpha"], lo["dropout"], lo["targets"], rng)
 
 
-def _is_adapter(key: str) -> bool:
+def is_adapter(key: str) -> bool:
     return key.rpartition(".")[2] in ADAPTER_KEYS
 
 
@@ -40,7 +40,7 @@ def merged_state(state: dict, lora_cfg: dict) -> dict:
     adapters dropped: what a further LoRA run starts from."""
     rank = int(lora_cfg["rank"])
     scale = float(lora_cfg["alpha"] if lora_cfg.get("alpha") is not None else rank) / rank
-    out = {k: v for k, v in state.items() if not _is_adapter(k)}
+    out = {k: v for k, v in state.items() if not is_adapter(k)}
     for key, a in state.items():
         if key.endswith(".lora_A") or key == "lora_A":
             prefix = key[: -len("lora_A")]
@@ -74,7 +74,7 @@ def base_state(path: str | Path, cfg: dict, model_state: dict) -> dict:
             raise LoRAError(f"[lora] base {path} is another architecture: its [model] {key} is "
                             f"{base_model.get(key)!r}, this config's is {model.get(key)!r}; "
                             "give [model] as the base run had it")
-    want = {k: v for k, v in model_state.items() if not _is_adapter(k)}
+    want = {k: v for k, v in model_state.items() if not is_adapter(k)}
     missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or unexpected:
         raise LoRAError(f"[lora] base {path} is another architecture: missing "

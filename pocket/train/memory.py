@@ -90,15 +90,18 @@ def format_bytes(n: int) -> str:
     return f"{n:.1f} GiB"
 
 
-def trainable_summary(named_params, optimizer_slots: int) -> dict:
+def trainable_summary(named_params, optimizer_slots: int, full_params=None) -> dict:
     """Trainable parameters against all of them, and the gradient and optimizer-state bytes
-    they cost against full fine-tuning (every parameter trained by the same optimizer): what
-    freezing saved, e.g. with LoRA adapters (train/nn_lora.py)."""
+    they cost against full fine-tuning (every parameter of `full_params`, default all, trained
+    by the same optimizer): what freezing saved, e.g. with LoRA adapters (train/nn_lora.py),
+    where full fine-tuning would train the base model's parameters, not the adapters."""
+    named_params = list(named_params)
     sizes = [(int(p.data.size), int(p.data.dtype.itemsize), bool(p.requires_grad))
              for _, p in named_params]
     total = sum(n for n, _, _ in sizes)
     grad = sum(n * b for n, b, g in sizes if g)
-    full = sum(n * b for n, b, _ in sizes)
+    full = sum(int(p.data.size) * int(p.data.dtype.itemsize)
+               for _, p in (named_params if full_params is None else full_params))
     return {"parameters": total, "trainable": sum(n for n, _, g in sizes if g),
             "fraction": sum(n for n, _, g in sizes if g) / total if total else 0.0,
             "gradient_bytes": grad, "full_gradient_bytes": full,

@@ -746,7 +746,9 @@ class Trainer:
             "gpu_memory": self.gpu_peak.report() if self.gpu_peak is not None else None,
             "plan": self.plan.describe() if self.plan else None,
             "spiking": nn_spiking.summary(self.model, self.data.input_shape, self.precision),
-            "trainable": memory.trainable_summary(self.amp.master_params(), self._slots()),
+            "trainable": memory.trainable_summary(
+                self.amp.master_params(), self._slots(),
+                [(n, p) for n, p in self.amp.master_params() if not lora.is_adapter(n)]),
         }
         with open(self.out / "summary.json.tmp", "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2, default=str)

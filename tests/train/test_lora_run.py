@@ -108,7 +108,9 @@ def test_adapters_train_over_the_frozen_base(runs):
     # what the tracker measured is what the summary says LoRA costs
     assert result["memory"]["gradients"]["peak"] == t["gradient_bytes"] == 4 * n_lora
     assert result["memory"]["optimizer_state"]["peak"] == t["optimizer_state_bytes"]
-    assert t["full_optimizer_state_bytes"] == 2 * 4 * n_total
+    # full fine-tuning trains the base's parameters (all but the adapters)
+    assert t["full_optimizer_state_bytes"] == 2 * 4 * (n_total - n_lora)
+    assert t["full_gradient_bytes"] == 4 * (n_total - n_lora)
     assert result["test"]["accuracy"] > 0.6  # three new classes, chance is 1/3
 
 
@@ -190,3 +192,17 @@ def test_data_classes_select_and_renumber():
     assert np.bincount(ys)[0] == (target == 7).sum()
     with pytest.raises(DataError, match="not among its labels"):
         load_dataset("digits", classes=[11])
+
+
+def test_a_lora_run_as_base_has_its_adapters_merged(runs):
+    from pocket.train import lora
+
+    d, _ = runs
+    path = d / "adapt" / "last.ckpt"
+    ck = load_checkpoint(path)
+    got = lora.base_state(path, ck["meta"]["config"], ck["state"])
+    assert sorted(got) == sorted(k for k in ck["state"] if "lora_" not in k)
+    for layer in ("1", "3"):
+        np.testing.assert_allclose(got[f"{layer}.weight"],
+                                   ck["derived"][f"{DERIVED_PREFIX}{layer}.weight"], rtol=1e-6,
+                                   atol=1e-7)
