@@ -53,7 +53,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "growth_interval": 2000},
     # Low-rank adapters (train/nn_lora.py): on when rank is set; `base` is the checkpoint a new
     # run starts from (its full weights are loaded, then frozen).
-    "lora": {"rank": None, "alpha": None, "dropout": 0.0, "targets": ["linear"], "base": None},
+    "lora": {"rank": None, "alpha": None, "dropout": 0.0, "targets": ["linear"],
+             "trainable": [], "base": None},
     # How `pocket export --int8` calibrates this run's checkpoints (its flags win).
     "export": {"calibration": "minmax", "percentile": 99.99, "int8_target": None,
                "sensitivity_samples": None},
@@ -295,6 +296,9 @@ def _check_lora(where: str, lo: dict) -> None:
     if not targets or not all(isinstance(t, str) and t for t in targets):
         raise ConfigError(f"{where}: [lora] targets must list layer names or kinds, like "
                           f"[\"linear\"] or [\"attention\"], got {targets!r}")
+    if not all(isinstance(t, str) and t for t in lo["trainable"]):
+        raise ConfigError(f"{where}: [lora] trainable must list layer names, like [\"head\"], "
+                          f"got {lo['trainable']!r}")
 
 
 def merge(raw: dict, where: str = "config") -> dict:

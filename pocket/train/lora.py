@@ -28,7 +28,8 @@ def apply_config(model: Module, cfg: dict, rng=None) -> list[str]:
     if not enabled(cfg):
         return []
     lo = cfg["lora"]
-    return apply_lora(model, lo["rank"], lo["alpha"], lo["dropout"], lo["targets"], rng)
+    return apply_lora(model, lo["rank"], lo["alpha"], lo["dropout"], lo["targets"], rng,
+                      lo["trainable"])
 
 
 def is_adapter(key: str) -> bool:

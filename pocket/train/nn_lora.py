@@ -147,13 +147,31 @@ def select(model: Module, targets: list[str]) -> list[str]:
     return [n for n in layers if n in chosen]
 
 
+def _trained_in_full(model: Module, names: list[str], adapted: list[str]) -> list:
+    """The parameters of the layers `names` picks (PEFT's modules_to_save), each of which may
+    be any layer but not an adapted one."""
+    out = []
+    for t in names:
+        hit = [(n, m) for n, m in model.named_modules() if n and _matches(n, t)]
+        if not hit:
+            raise LoRAError(f"[lora] trainable {t!r} matched no layer of the model")
+        for n, m in hit:
+            if n in adapted:
+                raise LoRAError(f"[lora] layer {n} is both in targets (adapted) and in "
+                                "trainable (trained in full); give it in one of the two")
+            out += m.parameters()
+    return out
+
+
 def apply_lora(model: Module, rank: int, alpha: float | None = None, dropout: float = 0.0,
-               targets=("linear",), rng=None) -> list[str]:
+               targets=("linear",), rng=None, trainable=()) -> list[str]:
     """Freeze every parameter of `model`, then replace the linear layers `targets` picks by
-    LoRALinear adapters (in place, keeping their position and names). Returns their names."""
+    LoRALinear adapters (in place, keeping their position and names); the layers `trainable`
+    picks stay trained in full (a new head, say). Returns the adapted layers' names."""
     names = select(model, list(targets))
+    full = {id(p) for p in _trained_in_full(model, list(trainable), names) if p.requires_grad}
     for p in model.parameters():
-        p.requires_grad = False
+        p.requires_grad = id(p) in full
         p.grad = None
     wanted = set(names)
     for name, parent, attr, layer in _linear_layers(model):

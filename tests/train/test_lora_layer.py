@@ -156,3 +156,39 @@ def test_parameters_module_shares_the_base_parameters(rng):
     m = LoRALinear(base, 1)
     assert isinstance(m.weight, Parameter) and m.weight.requires_grad is False
     assert [n for n, _ in m.named_parameters()] == ["weight", "bias", "lora_A", "lora_B"]
+
+
+def test_forward_and_gradients_match_torch(rng):
+    torch = pytest.importorskip("torch")
+    m = _lora(rng, 7, 4, rank=3, alpha=6.0, dtype=np.float64)
+    m.eval()
+    x = rng.standard_normal((5, 7))
+    tx, ta, tb = (torch.tensor(np.asarray(v), requires_grad=True)
+                  for v in (x, m.lora_A.data, m.lora_B.data))
+    tw, tbias = torch.tensor(m.weight.data), torch.tensor(m.bias.data)
+    # PEFT's LoRA Linear forward: result + lora_B(lora_A(dropout(x))) * scaling
+    ty = torch.nn.functional.linear(tx, tw, tbias) + \
+        torch.nn.functional.linear(torch.nn.functional.linear(tx, ta), tb) * (6.0 / 3)
+    gy = rng.standard_normal((5, 4))
+    ty.backward(torch.tensor(gy))
+    xt = Tensor(x, requires_grad=True)
+    y = m(xt)
+    y.backward(gy)
+    np.testing.assert_allclose(y.data, ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+    for ours, theirs in ((xt.grad, tx.grad), (m.lora_A.grad, ta.grad), (m.lora_B.grad, tb.grad)):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-12, atol=1e-12)
+    assert m.weight.grad is None and m.bias.grad is None
+
+
+def test_trainable_layers_train_in_full(rng):
+    from pocket.train.nn_seqattn import LayerNorm
+
+    model = nn.Sequential(nn.Linear(6, 5, rng=rng), LayerNorm(5, elementwise_affine=False),
+                          nn.Linear(5, 3, rng=rng))
+    apply_lora(model, 2, targets=["0"], trainable=["1", "2"], rng=rng)
+    grads = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert grads == {"0.lora_A", "0.lora_B", "2.weight", "2.bias"}  # LN without affine: frozen
+    with pytest.raises(LoRAError, match="both in targets"):
+        apply_lora(_mlp(rng), 2, targets=["linear"], trainable=["3"])
+    with pytest.raises(LoRAError, match="trainable 'head' matched no layer"):
+        apply_lora(_mlp(rng), 2, targets=["1"], trainable=["head"])
