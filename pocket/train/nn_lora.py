@@ -80,22 +80,18 @@ class LoRALinear(Linear):
         h = F.linear(F.linear(h, self.lora_A), self.lora_B)
         return y + h * self.scaling
 
-    def merged_weight(self) -> np.ndarray:
-        """W + (alpha / r) B A as float32 NumPy (computed in float64): the weight the exported
-        plain linear layer carries."""
-        w, a, b = (backend.to_numpy(p.data).astype(np.float64)
-                   for p in (self.weight, self.lora_A, self.lora_B))
-        return (w + self.scaling * (b @ a)).astype(np.float32)
-
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, bias={self.bias is not None}, "
                 f"rank={self.rank}, alpha={self.alpha:g}, dropout={self.dropout:g}")
 
 
 def _linear_layers(model: Module) -> list[tuple[str, Module, str, Linear]]:
-    """(dotted name, parent, attribute, layer) of every plain Linear, in registration order."""
+    """(dotted name, parent, attribute, layer) of every plain Linear that is a layer of its own,
+    in model order; not the synapse inside a layer that is one IR op (a spiking linear)."""
     out = []
     for pname, parent in model.named_modules():
+        if parent.op is not None:
+            continue
         for attr, child in parent.named_children():
             if type(child) is Linear:
                 out.append((f"{pname}.{attr}" if pname else attr, parent, attr, child))
@@ -134,11 +130,18 @@ def select(model: Module, targets: list[str]) -> list[str]:
         else:
             hit = {n for n in layers if _matches(n, t)}
             if not hit:
-                other = next((f"{n} ({type(m).__name__})" for n, m in model.named_modules()
-                              if n and _matches(n, t)), None)
-                if other:
-                    raise LoRAError(f"[lora] targets {t!r} names {other}; LoRA adapts linear "
-                                    "layers (and attention's projections)")
+                mods = dict(model.named_modules())
+                other = next((n for n in mods if n and _matches(n, t)), None)
+                if other is not None and type(mods[other]) is Linear:
+                    parent = other.rpartition(".")[0]
+                    raise LoRAError(f"[lora] targets {t!r} names {other}, the linear inside "
+                                    f"{parent or 'the model'} ({type(mods[parent]).__name__}), "
+                                    "which is one op of the graph; LoRA adapts linear layers of "
+                                    "their own")
+                if other is not None:
+                    raise LoRAError(f"[lora] targets {t!r} names {other} "
+                                    f"({type(mods[other]).__name__}); LoRA adapts linear layers "
+                                    "(and attention's projections)")
         if not hit:
             shown = ", ".join(layers[:12]) + (" ..." if len(layers) > 12 else "")
             raise LoRAError(f"[lora] targets {t!r} matched no linear layer; the model's linear "

@@ -384,7 +384,8 @@ class Trainer:
     def save(self, path: Path, metrics: dict | None = None) -> None:
         state = self.amp.fp32_state_dict()
         self.model.eval()
-        graph, params = trace(self.model, self.data.input_shape, self._metadata(metrics))
+        graph, params = trace(self.model, self.data.input_shape, self._metadata(metrics),
+                              state=state)
         self.model.train()
         state.update({k: v for k, v in params.items() if k.startswith(DERIVED_PREFIX)})
         calib_x, calib_y = self._calibration()

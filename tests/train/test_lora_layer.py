@@ -192,3 +192,17 @@ def test_trainable_layers_train_in_full(rng):
         apply_lora(_mlp(rng), 2, targets=["linear"], trainable=["3"])
     with pytest.raises(LoRAError, match="trainable 'head' matched no layer"):
         apply_lora(_mlp(rng), 2, targets=["1"], trainable=["head"])
+
+
+def test_a_synapse_inside_a_one_op_layer_is_no_target_and_never_dropped_silently(rng):
+    from pocket.train.nn_spiking import SpikingLinear
+    from pocket.train.trace import TraceError
+
+    model = nn.Sequential(nn.Flatten(), SpikingLinear(6, 4, rng=rng), nn.Linear(4, 2, rng=rng))
+    assert select(model, ["linear"]) == ["2"]  # the spiking layer's synapse is part of `lif`
+    with pytest.raises(LoRAError, match=r"names 1.syn, the linear inside 1 \(SpikingLinear\)"):
+        select(model, ["syn"])
+    # wrapped by hand, the lif tracer would export the base weight: the trace refuses
+    model[1].syn = LoRALinear(model[1].syn, 2)
+    with pytest.raises(TraceError, match="adapter on '1.syn' is not in the traced graph"):
+        trace(model.eval(), (2, 6))

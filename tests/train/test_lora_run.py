@@ -206,3 +206,18 @@ def test_a_lora_run_as_base_has_its_adapters_merged(runs):
         np.testing.assert_allclose(got[f"{layer}.weight"],
                                    ck["derived"][f"{DERIVED_PREFIX}{layer}.weight"], rtol=1e-6,
                                    atol=1e-7)
+
+
+def test_fp16_run_merges_the_fp32_masters(runs, tmp_path):
+    d, _ = runs
+    text = _adapt_text(str(d / "base" / "last.ckpt")).replace("[train]\nepochs = 2",
+                                                              "[train]\nepochs = 1")
+    (tmp_path / "cfg.toml").write_text(text + "[memory]\nprecision = \"fp16\"\n")
+    train_from_config(str(tmp_path / "cfg.toml"), {"out": str(tmp_path / "run")}, quiet=True)
+    ck = load_checkpoint(tmp_path / "run" / "last.ckpt")
+    for layer in ("1", "3"):
+        w, a, b = (ck["state"][f"{layer}.{n}"].astype(np.float64)
+                   for n in ("weight", "lora_A", "lora_B"))
+        # from the fp16 copies the merge would be off by fp16 rounding (~1e-3 here)
+        np.testing.assert_allclose(ck["derived"][f"{DERIVED_PREFIX}{layer}.weight"],
+                                   w + 2.0 * b @ a, rtol=1e-6, atol=1e-6)
