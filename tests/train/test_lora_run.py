@@ -221,3 +221,14 @@ def test_fp16_run_merges_the_fp32_masters(runs, tmp_path):
         # from the fp16 copies the merge would be off by fp16 rounding (~1e-3 here)
         np.testing.assert_allclose(ck["derived"][f"{DERIVED_PREFIX}{layer}.weight"],
                                    w + 2.0 * b @ a, rtol=1e-6, atol=1e-6)
+
+
+def test_the_report_says_what_lora_trained_and_saved(runs):
+    from pocket.train.run import render
+
+    _, result = runs
+    t = result["trainable"]
+    text = render(result)
+    assert (f"trainable parameters: {t['trainable']:,} of {t['parameters']:,} "
+            f"({t['trainable'] / t['parameters']:.2%})") in text
+    assert "for full fine-tuning" in text and "saved" in text
