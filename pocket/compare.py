@@ -41,7 +41,7 @@ class CompareError(PocketError):
 # --------------------------------------------------------------------------- engines
 
 def _training_model(ckpt: str):
-    from pocket.train import backend
+    from pocket.train import backend, lora
     from pocket.train.checkpoint import load_checkpoint
     from pocket.train.models import build_model
 
@@ -53,6 +53,7 @@ def _training_model(ckpt: str):
     num_outputs = int(ck["graph"].output_infos()[0].shape[-1])
     model = build_model(meta["config"]["model"], input_shape, num_outputs,
                         np.random.default_rng(0))
+    lora.apply_config(model, meta["config"])  # a LoRA run's adapters, as it trained them
     model.load_state_dict({k: v for k, v in ck["state"].items()
                            if k in dict(model.state_dict())})
     model.eval()
@@ -196,7 +197,7 @@ def _inputs(ck: dict, data: str | None, inputs_path: str | None, random_n: int |
                           cache_dir=cfg["data"]["cache_dir"], seed=cfg["run"]["seed"],
                           limit=cfg["data"]["limit"],
                           **{k: cfg["data"][k] for k in ("window", "horizon", "stride", "season",
-                                                         "time_column", "relative", "layout")
+                                                         "time_column", "relative", "layout", "classes")
                              if k in cfg["data"]})  # timeseries:PATH
         if tuple(ds.input_shape) != shape:
             raise CompareError(f"dataset {src}: inputs {list(ds.input_shape)} do not fit the "

@@ -2,7 +2,8 @@
 
 Tensors: every state_dict entry under its own name (the traced graph's params are a subset),
 optimizer slots under "optim/<param>/<slot>", the calibration set under "calib/x" and
-"calib/y". Meta: the trainer state (epoch, step, RNG state, config, metric history), the
+"calib/y", and tensors the traced graph computes from the state (a LoRA layer's merged weight)
+under "derived/<name>". Meta: the trainer state (epoch, step, RNG state, config, metric history), the
 optimizer's scalars, the schedule and the loss scaler, so `--resume` continues exactly.
 """
 
@@ -19,6 +20,7 @@ from pocket.formats.ir import Graph
 
 OPTIM_PREFIX = "optim/"
 CALIB_PREFIX = "calib/"
+DERIVED_PREFIX = "derived/"
 
 
 class CheckpointError(PocketError):
@@ -52,9 +54,11 @@ def load_checkpoint(path: str | Path) -> dict:
         meta = c.meta
         if "trainer" not in meta or "config" not in meta:
             raise FormatError(f"{path}: meta: not a training checkpoint (no trainer state)")
-        state, optim, calib = {}, {}, {}
+        state, optim, calib, derived = {}, {}, {}, {}
         for name, arr in c.tensors.items():
-            if name.startswith(OPTIM_PREFIX):
+            if name.startswith(DERIVED_PREFIX):
+                derived[name] = np.array(arr)
+            elif name.startswith(OPTIM_PREFIX):
                 pname, _, slot = name[len(OPTIM_PREFIX):].rpartition("/")
                 optim.setdefault(pname, {})[slot] = np.array(arr)
             elif name.startswith(CALIB_PREFIX):
@@ -64,7 +68,7 @@ def load_checkpoint(path: str | Path) -> dict:
         graph = c.graph
     optimizer_state = {**meta.get("optimizer", {}), "state": optim}
     return {"graph": graph, "state": state, "optimizer": optimizer_state, "meta": meta,
-            "calib": calib}
+            "calib": calib, "derived": derived}
 
 
 def _is_count(v) -> bool:

@@ -37,7 +37,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "cache_dir": None, "prefetch": 2, "test": None, "validation": None,
              # timeseries:PATH (train/data/timeseries.py)
              "window": None, "horizon": None, "stride": 1, "season": None, "time_column": None,
-             "relative": False, "layout": "NLC"},
+             "relative": False, "layout": "NLC",
+             # keep only these classes (label names or ids), renumbered in this order
+             "classes": None},
     "model": {"name": "cnn", "layers": None, "hidden": None, "channels": None, "dropout": 0.0,
               "batchnorm": True, "width": None},
     "train": {"epochs": 20, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3, "momentum": 0.9,
@@ -49,6 +51,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "memory": {"precision": "fp32", "accumulation": 1, "checkpointing": 0,
                "fp16_activations": False, "budget": None, "loss_scale": 65536.0,
                "growth_interval": 2000},
+    # Low-rank adapters (train/nn_lora.py): on when rank is set; `base` is the checkpoint a new
+    # run starts from (its full weights are loaded, then frozen).
+    "lora": {"rank": None, "alpha": None, "dropout": 0.0, "targets": ["linear"],
+             "trainable": [], "base": None},
     # How `pocket export --int8` calibrates this run's checkpoints (its flags win).
     "export": {"calibration": "minmax", "percentile": 99.99, "int8_target": None,
                "sensitivity_samples": None},
@@ -80,6 +86,8 @@ OPTIONAL_TYPES: dict[tuple[str, str], tuple[type, ...]] = {
     ("model", "width"): (int,), ("train", "clip_grad_norm"): (float,), ("train", "loss"): (str,),
     ("memory", "budget"): (str, int), ("export", "int8_target"): (float,),
     ("export", "sensitivity_samples"): (int,),
+    ("lora", "rank"): (int,), ("lora", "alpha"): (float,), ("lora", "base"): (str,),
+    ("data", "classes"): (list,),
 }
 
 # Upper bounds past which a value is a typo, not a choice (lr = 1e30 trains to NaN in a step).
@@ -270,6 +278,29 @@ def _check_image_size(where: str, v: Any) -> None:
                           f"between 1 and 8192, got {v!r}")
 
 
+def _check_lora(where: str, lo: dict) -> None:
+    if lo["rank"] is None:
+        set_ = [k for k in lo if k != "rank" and lo[k] != DEFAULTS["lora"][k]]
+        if set_:
+            raise ConfigError(f"{where}: [lora] {set_[0]} is set but [lora] rank is not; give "
+                              "rank (e.g. rank = 8) to train low-rank adapters")
+        return
+    if lo["rank"] < 1 or lo["rank"] > 4096:
+        raise ConfigError(f"{where}: [lora] rank must be a positive int (at most 4096), got "
+                          f"{lo['rank']}")
+    if lo["alpha"] is not None and not 0 < lo["alpha"] <= 1e6:
+        raise ConfigError(f"{where}: [lora] alpha must be a positive number, got {lo['alpha']}")
+    if not 0 <= lo["dropout"] < 1:
+        raise ConfigError(f"{where}: [lora] dropout must be in [0, 1), got {lo['dropout']}")
+    targets = lo["targets"]
+    if not targets or not all(isinstance(t, str) and t for t in targets):
+        raise ConfigError(f"{where}: [lora] targets must list layer names or kinds, like "
+                          f"[\"linear\"] or [\"attention\"], got {targets!r}")
+    if not all(isinstance(t, str) and t for t in lo["trainable"]):
+        raise ConfigError(f"{where}: [lora] trainable must list layer names, like [\"head\"], "
+                          f"got {lo['trainable']!r}")
+
+
 def merge(raw: dict, where: str = "config") -> dict:
     """Check a raw config dict against DEFAULTS and return the complete config."""
     if not isinstance(raw, dict):
@@ -340,6 +371,13 @@ def merge(raw: dict, where: str = "config") -> dict:
     if cfg["model"]["layers"] is not None:
         _check_layers(where, cfg["model"]["layers"])
     _check_image_size(where, cfg["data"]["image_size"])
+    _check_lora(where, cfg["lora"])
+    classes = cfg["data"]["classes"]
+    if classes is not None and not (classes and all(
+            isinstance(c, str) or _is_int(c) for c in classes)
+            and len({str(c) for c in classes}) == len(classes)):
+        raise ConfigError(f"{where}: [data] classes must be a non-empty list of distinct class "
+                          f"names or ids, like [5, 6, 7], got {classes!r}")
     if not all(isinstance(a, str) for a in cfg["data"]["augment"]):
         raise ConfigError(f"{where}: [data] augment must be a list of names like \"flip\"")
     return cfg

@@ -90,6 +90,37 @@ def format_bytes(n: int) -> str:
     return f"{n:.1f} GiB"
 
 
+def trainable_summary(named_params, optimizer_slots: int, full_params=None) -> dict:
+    """Trainable parameters against all of them, and the gradient and optimizer-state bytes
+    they cost against full fine-tuning (every parameter of `full_params`, default all, trained
+    by the same optimizer): what freezing saved, e.g. with LoRA adapters (train/nn_lora.py),
+    where full fine-tuning would train the base model's parameters, not the adapters."""
+    named_params = list(named_params)
+    sizes = [(int(p.data.size), int(p.data.dtype.itemsize), bool(p.requires_grad))
+             for _, p in named_params]
+    total = sum(n for n, _, _ in sizes)
+    grad = sum(n * b for n, b, g in sizes if g)
+    full = sum(int(p.data.size) * int(p.data.dtype.itemsize)
+               for _, p in (named_params if full_params is None else full_params))
+    return {"parameters": total, "trainable": sum(n for n, _, g in sizes if g),
+            "fraction": sum(n for n, _, g in sizes if g) / total if total else 0.0,
+            "gradient_bytes": grad, "full_gradient_bytes": full,
+            "optimizer_state_bytes": grad * optimizer_slots,
+            "full_optimizer_state_bytes": full * optimizer_slots}
+
+
+def trainable_lines(s: dict) -> list[str]:
+    saved = (s["full_gradient_bytes"] + s["full_optimizer_state_bytes"]
+             - s["gradient_bytes"] - s["optimizer_state_bytes"])
+    return [f"trainable parameters: {s['trainable']:,} of {s['parameters']:,} "
+            f"({s['fraction']:.2%})",
+            f"gradients {format_bytes(s['gradient_bytes'])} + optimizer state "
+            f"{format_bytes(s['optimizer_state_bytes'])}, against "
+            f"{format_bytes(s['full_gradient_bytes'])} + "
+            f"{format_bytes(s['full_optimizer_state_bytes'])} for full fine-tuning: "
+            f"{format_bytes(saved)} saved"]
+
+
 _tracker = [MemoryTracker()]
 
 

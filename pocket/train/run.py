@@ -132,6 +132,10 @@ def render(r: dict) -> str:
     lines.append("")
     lines.append("memory by category (bytes held by arrays pocket tracks):")
     lines.append(r["memory_table"])
+    if r.get("trainable") and r["trainable"]["fraction"] < 1:
+        from pocket.train.memory import trainable_lines
+
+        lines += trainable_lines(r["trainable"])
     if r.get("spiking"):
         from pocket.train.nn_spiking import render_summary
 

@@ -35,6 +35,12 @@ class Builder:
         self.params[name] = ValueInfo("f32", tuple(int(d) for d in arr.shape))
         return name
 
+    def derived(self, name: str, array: np.ndarray) -> str:
+        """Declare a tensor computed at trace time (a LoRA layer's merged weight) as a graph
+        param; the trainer stores it in the checkpoint beside the state dict."""
+        self.state[name] = np.asarray(array, np.float32)
+        return self.param(name)
+
     def node(self, name: str, op: str, inputs: list[str], **attrs) -> str:
         name = name or op
         base, i = name, 1
@@ -144,6 +150,16 @@ def register_module(cls: type[nn.Module]):
 
 
 trace_module = _trace_module
+
+# Checks on every finished trace, fn(model, builder): each raises TraceError when the graph
+# misses something the model computes (train/trace_lora.py: an adapter nobody traced).
+_CHECKS: list = []
+
+
+def register_check(fn):
+    _CHECKS.append(fn)
+    return fn
+
 ops.register_table("trace", {
     "linear": _linear, "conv2d": _conv2d, "batchnorm": _batchnorm, "maxpool2d": _maxpool,
     "avgpool2d": _avgpool, "flatten": _flatten, "dropout": _elementwise,
@@ -152,15 +168,19 @@ ops.register_table("trace", {
 
 
 def trace(model: nn.Module, input_shape, metadata: dict | None = None,
-          input_name: str = "input", output_name: str = "output"
-          ) -> tuple[Graph, dict[str, np.ndarray]]:
+          input_name: str = "input", output_name: str = "output", *,
+          state: dict | None = None) -> tuple[Graph, dict[str, np.ndarray]]:
     """model -> (validated inference Graph, {param name: float32 array}).
 
-    input_shape excludes the batch, which becomes the symbol "N".
+    input_shape excludes the batch, which becomes the symbol "N". `state`: the arrays to
+    trace with instead of the model's own (the trainer's fp32 masters in fp16 mode).
     """
-    state = {k: np.asarray(backend.to_numpy(v)) for k, v in model.state_dict().items()}
+    state = {k: np.asarray(backend.to_numpy(v))
+             for k, v in (model.state_dict() if state is None else state).items()}
     b = Builder(state)
     out = _trace_module(b, model, "", input_name)
+    for check in _CHECKS:
+        check(model, b)
     if out == input_name:
         raise TraceError("the model has no layers to trace")
     # Rename the last value so exports have a stable output name.
@@ -175,4 +195,4 @@ def trace(model: nn.Module, input_shape, metadata: dict | None = None,
     return g, params
 
 
-from pocket.train import nn_spiking, trace_seqattn, trace_ssm  # noqa: E402, F401  (their tracers)
+from pocket.train import nn_spiking, trace_lora, trace_seqattn, trace_ssm  # noqa: E402, F401  (their tracers)

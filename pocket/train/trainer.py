@@ -23,9 +23,10 @@ import numpy as np
 from pocket import __version__
 from pocket.errors import PocketError
 from pocket.formats.ir import make_metadata
-from pocket.train import backend, memory, nn_spiking, optim
+from pocket.train import backend, lora, memory, nn_spiking, optim
 from pocket.train import functional as F
 from pocket.train.checkpoint import (
+    DERIVED_PREFIX,
     CheckpointError,
     check_trainer_state,
     load_checkpoint,
@@ -93,7 +94,7 @@ class Trainer:
             cache_dir=data_cfg["cache_dir"], seed=self.seed, limit=data_cfg["limit"],
             test=data_cfg["test"], validation=data_cfg["validation"],
             **{k: data_cfg[k] for k in ("window", "horizon", "stride", "season", "time_column",
-                                         "relative", "layout")},
+                                         "relative", "layout", "classes")},
             **({"image_size": data_cfg["image_size"]} if data_cfg["image_size"] else {}))
         self.task = self.data.task
         self.loss_name = tr["loss"] or ("cross_entropy" if self.task == "classification" else "mse")
@@ -158,15 +159,30 @@ class Trainer:
             _log(self.quiet, "early stopping watches train_loss: there is no validation split")
 
     def _build_model(self):
-        return build_model(self.cfg["model"], self.data.input_shape, self.data.num_outputs,
-                           self._init_rng)
+        model = build_model(self.cfg["model"], self.data.input_shape, self.data.num_outputs,
+                            self._init_rng)
+        lora.apply_config(model, self.cfg, self._init_rng)
+        return model
+
+    def _load_lora_base(self) -> None:
+        """A new LoRA run starts from its [lora] base checkpoint's weights (fp16 masters too)."""
+        path = self.cfg["lora"]["base"]
+        if path is None:
+            return
+        state = self.amp.fp32_state_dict()
+        state.update(lora.base_state(path, self.cfg, state))
+        self.amp.load_fp32_state_dict(state)
+        _log(self.quiet, f"LoRA: starting from {path}")
 
     def _apply_budget(self, budget: int) -> None:
         from pocket.train.planner import plan_memory
 
         def fresh():
-            return build_model(self.cfg["model"], self.data.input_shape, self.data.num_outputs,
-                               np.random.default_rng(self.seed))
+            rng = np.random.default_rng(self.seed)
+            model = build_model(self.cfg["model"], self.data.input_shape, self.data.num_outputs,
+                                rng)
+            lora.apply_config(model, self.cfg, rng)
+            return model
 
         # NOTE: on the GPU the plan must fit the pool cap, which leaves room for the CUDA
         # context and library workspaces, so that a run planned for a 4 GiB budget fits a
@@ -368,8 +384,10 @@ class Trainer:
     def save(self, path: Path, metrics: dict | None = None) -> None:
         state = self.amp.fp32_state_dict()
         self.model.eval()
-        graph, _ = trace(self.model, self.data.input_shape, self._metadata(metrics))
+        graph, params = trace(self.model, self.data.input_shape, self._metadata(metrics),
+                              state=state)
         self.model.train()
+        state.update({k: v for k, v in params.items() if k.startswith(DERIVED_PREFIX)})
         calib_x, calib_y = self._calibration()
         meta = {
             "config": self.cfg,
@@ -492,6 +510,8 @@ class Trainer:
         tracker = memory.get_tracker()
         tracker.reset_peak()
         self._start_gpu_peak()
+        if not resume:
+            self._load_lora_base()
         if self.device.reason and self.cfg["run"]["device"] == "auto":
             _log(self.quiet, f"device: {self.device} ({self.device.reason})")
         self._prepare_out(resume, force)
@@ -727,11 +747,18 @@ class Trainer:
             "gpu_memory": self.gpu_peak.report() if self.gpu_peak is not None else None,
             "plan": self.plan.describe() if self.plan else None,
             "spiking": nn_spiking.summary(self.model, self.data.input_shape, self.precision),
+            "trainable": memory.trainable_summary(
+                self.amp.master_params(), self._slots(),
+                [(n, p) for n, p in self.amp.master_params() if not lora.is_adapter(n)]),
         }
         with open(self.out / "summary.json.tmp", "w", encoding="utf-8") as f:
             json.dump(result, f, indent=2, default=str)
         os.replace(self.out / "summary.json.tmp", self.out / "summary.json")
         return result
+
+    def _slots(self) -> int:
+        h = self.optimizer.hyper  # state arrays per trained parameter
+        return 2 if h["adaptive"] else 1 if h["momentum"] else 0
 
     def _rewrite_metadata(self, path: Path, metrics: dict) -> None:
         from pocket.formats.container import read_container, write_container

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -105,6 +105,7 @@ def load_dataset(
     time_column: str | None = None,
     relative: bool = False,
     layout: str = "NLC",
+    classes: Sequence | None = None,
 ) -> Dataset:
     """Load SRC (`digits`, `mnist[:PATH]`, `cifar10[:PATH]`, `csv:PATH`, `npz:PATH`, `folder:PATH`).
 
@@ -114,6 +115,8 @@ def load_dataset(
     sample shape as SRC); it replaces test_fraction / val_fraction.
     window, horizon, stride, season, time_column, relative, layout: `timeseries:PATH` (see
     data/timeseries.py).
+    classes: keep only these classes (label names, or ids for sets labelled by number), their
+    ids renumbered 0.. in this order (e.g. digits [5, 6, 7, 8, 9] -> labels "5".."9").
     """
     _check_args(task, val_fraction, test_fraction, seed, limit)
     kind, _, path = src.partition(":")
@@ -123,6 +126,9 @@ def load_dataset(
         raise DataError(f"unknown dataset source {src!r}; use one of: digits, mnist[:PATH], "
                         "cifar10[:PATH], csv:PATH, npz:PATH, folder:PATH, timeseries:PATH")
     if kind == "timeseries" or task == "forecast":
+        if classes is not None:
+            raise DataError("[data] classes selects classes of a classification set; a time "
+                            "series has none (remove classes)")
         if kind != "timeseries" or not path:
             raise DataError("task = \"forecast\" reads a time series: give [data] source = "
                             "\"timeseries:PATH\" (a CSV with a time column and value columns)")
@@ -135,7 +141,7 @@ def load_dataset(
         data = load_dataset(src, target=target, task="classification", val_fraction=val_fraction,
                             test_fraction=test_fraction, cache_dir=cache_dir, seed=seed,
                             limit=limit, image_size=image_size, channels=channels, test=test,
-                            validation=validation)
+                            validation=validation, classes=classes)
         return as_sequences(data)
     if kind in ("csv", "npz", "folder") and not path:
         raise DataError(f"dataset source {kind!r} needs a path, e.g. {kind}:data/my_{kind}")
@@ -147,12 +153,38 @@ def load_dataset(
     if task is not None and raw.task != task:
         raise DataError(f"{name}: [data] task = {task!r}, but this is a {raw.task} set; remove "
                         "task (or use a source with the other kind of target)")
+    if classes is not None:
+        raw = select_classes(raw, classes, name)
     extra = {}
     for split, other in (("test", test), ("val", validation)):
         if other:
             extra[split] = _read_extra(other, raw, target=target, split=split)
     return _finish(name, raw, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
                    limit=limit, extra=extra)
+
+
+def select_classes(raw: Raw, classes: Sequence, name: str) -> Raw:
+    """Only the samples of `classes` (matched by label text), relabelled 0.. in that order."""
+    if raw.task != "classification" or raw.labels is None:
+        raise DataError(f"{name}: [data] classes selects classes, but this is a {raw.task} set")
+    want = [str(c) for c in classes]
+    unknown = [c for c in want if c not in raw.labels]
+    if unknown or not want:
+        raise DataError(f"{name}: [data] classes {unknown or want} not among its labels "
+                        f"{', '.join(raw.labels)}")
+    remap = np.full(len(raw.labels), -1, np.int64)
+    remap[[raw.labels.index(c) for c in want]] = np.arange(len(want))
+
+    def pick(x, y):
+        if x is None:
+            return None, None
+        new = remap[np.asarray(y, np.int64)]
+        keep = new >= 0
+        return x[keep], new[keep]
+
+    x, y = pick(raw.x, raw.y)
+    x_test, y_test = pick(raw.x_test, raw.y_test)
+    return replace(raw, x=x, y=y, x_test=x_test, y_test=y_test, labels=want)
 
 
 def _read_extra(src: str, main: Raw, *, target: str | None, split: str) -> tuple:
