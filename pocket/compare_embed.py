@@ -6,7 +6,10 @@ sample's two embeddings and retrieval agreement, not top-1 class agreement.
                                among the compared samples) is the same in both engines
 
 fp32 keeps its atol/rtol gates as well (unit vectors, so absolute errors are comparable);
-int8 is gated on the cosine and the agreement alone.
+int8 is gated on the cosine and the agreement alone. The int8 agreement gate is loose (0.85)
+because a nearest neighbour is often a near-tie: on the digits' held-out classes, int8 moves
+each embedding by a cosine of ~3e-4 on average and flips 7-10% of the neighbours (measured
+0.90-0.93 over three seeds, bench/embed_openset.py); fp32 flips none.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 GATES = {"fp32": {"min_cosine": 0.9999, "min_agreement": 0.99},
-         "int8": {"atol": None, "rtol": None, "min_cosine": 0.99, "min_agreement": 0.9}}
+         "int8": {"atol": None, "rtol": None, "min_cosine": 0.99, "min_agreement": 0.85}}
 
 
 def rebuild(ck: dict, input_shape):

@@ -677,6 +677,8 @@ class Trainer:
             parts.append(f"val loss {num(row['val_loss'], '.4f')}")
         if "val_r2" in row:
             parts.append(f"val R² {num(row['val_r2'], '.4f')}")
+        if "val_tar_far1e-2" in row:  # an embedding: open-set verification on validation
+            parts.append(f"val TAR@FAR1e-2 {num(row['val_tar_far1e-2'], '.4f')}")
         if self.verbose:
             parts.extend(f"{k[4:]} {num(v, '.4g')}" for k, v in row.items()
                          if k in ("val_mae", "val_rmse"))
