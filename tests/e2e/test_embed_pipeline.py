@@ -114,3 +114,41 @@ def test_exports_match_the_training_model(run, tmp_path):
 def test_softmax_baseline_trains_too(tmp_path):
     result = _train(tmp_path, "sm", epochs=1, loss="softmax")
     assert 0.0 <= result["test"]["tar_far1e-2"] <= 1.0
+
+
+def test_cli_similarity_on_digit_images_and_compare_gate(run, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pil = pytest.importorskip("PIL.Image")
+    from pocket.export.app import export
+    from pocket.train.data.images import read_digits
+
+    root, _ = run
+    ck = root / "arc" / "best.ckpt"
+    model = tmp_path / "m.bin"
+    export(ck, model)
+    raw = read_digits()
+    for name, i in (("a", 0), ("b", 1)):
+        idx = np.flatnonzero(raw.y == 8)[i]
+        pil.fromarray((raw.x[idx, 0] * 255.0 / raw.pixel_max).round().astype(np.uint8)).save(
+            tmp_path / f"{name}.png")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+
+    def pocket(*args):
+        return subprocess.run([sys.executable, "-m", "pocket.cli", *map(str, args)],
+                              capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    r = pocket("infer", model, "a.png", "b.png", "--similarity", "--json")
+    assert r.returncode == 0, r.stderr
+    s = __import__("json").loads(r.stdout)["similarity"]
+    from pocket.formats.container import read_container
+
+    with read_container(model) as c:
+        assert s["threshold"] == c.graph.metadata["embedding"]["threshold"]
+    assert s["verdict"] == ("same" if s["cosine"] >= s["threshold"] else "different")
+    export(ck, tmp_path / "q.bin", int8=True)
+    r = pocket("compare", ck, "--bin", tmp_path / "q.bin", "--min-cosine", "0.999999")
+    assert r.returncode == 1 and "min_cosine" in r.stdout
