@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pocket.train import metrics_embed
+from pocket.train import backend, metrics_embed
 from pocket.train.config import ConfigError
 from pocket.train.models import build_model
 from pocket.train.nn_embed import LOSSES, build_embedding
@@ -59,8 +59,9 @@ def evaluate(trainer, split, out: np.ndarray) -> dict:
     k = trainer.data.num_outputs
     if np.all(split.y < k):
         with no_grad():
-            emb = Tensor(out.astype(np.float32))
-            res["loss"] = float(np.asarray(trainer.model.loss(emb, split.y).data))
+            emb = Tensor(backend.to_device(out.astype(np.float32), trainer.device))
+            y = backend.to_device(split.y, trainer.device)
+            res["loss"] = float(trainer.model.loss(emb, y).data)
     res.update(metrics_embed.evaluate(out, split.y, seed=trainer.seed))
     return res
 

@@ -73,3 +73,13 @@ def test_default_loss_is_arcface(tmp_path):
     t = _trainer(tmp_path, embedding={"dim": 4})
     assert t.loss_name == "arcface" and t.model.head.weight.shape == (6, 4)
     assert tuple(t.predict(t.data.test.x[:3]).shape) == (3, 4)
+
+
+@pytest.mark.gpu
+def test_an_embedding_epoch_on_cuda(tmp_path):
+    t = _trainer(tmp_path, run={"device": "cuda", "out": str(tmp_path / "g")},
+                 embedding={"dim": 4}, data={"prefetch": 0, "holdout": ["7", "8", "9"]})
+    result = t.fit()
+    assert 0.0 <= result["test"]["tar_far1e-2"] <= 1.0 and "val_loss" in result["final"]
+    xp = t.device.xp
+    assert isinstance(t.model.head.weight.data, xp.ndarray)

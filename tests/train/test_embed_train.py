@@ -99,3 +99,19 @@ def test_embedding_net_traces_without_its_head(loss):
     model.eval()
     np.testing.assert_allclose(ref.run(g, params, x)["output"], model(Tensor(x)).data,
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("easy", [False, True])
+def test_arcface_runs_on_the_array_module(xp, easy):
+    from pocket.train import backend
+
+    rng = np.random.default_rng(5)
+    x, w = rng.normal(size=(5, 4)).astype(np.float32), rng.normal(size=(3, 4)).astype(np.float32)
+    y = np.array([0, 1, 2, 1, 0])
+    tx = Tensor(xp.asarray(x), requires_grad=True)
+    tw = Tensor(xp.asarray(w), requires_grad=True)
+    loss = FE.arcface_loss(FE.l2_normalize(tx, axis=1), tw, xp.asarray(y), 8.0, 0.4, easy)
+    loss.backward()
+    assert float(loss.data) == pytest.approx(paper_arcface(x, w, y, 8.0, 0.4, easy), rel=1e-5)
+    assert isinstance(tx.grad, xp.ndarray) and isinstance(tw.grad, xp.ndarray)
+    assert np.all(np.isfinite(backend.to_numpy(tw.grad)))
