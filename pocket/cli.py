@@ -242,9 +242,13 @@ def export(ckpt, output, fmt, int8, calib_samples, calib_path, max_layer_error, 
               help="Compile every kernel now (into NUMBA_CACHE_DIR) so later starts are fast.")
 @click.option("--sep", metavar="CHAR",
               help="CSV separator (default: the most frequent of , ; and tab in the header).")
+@click.option("--similarity", is_flag=True,
+              help="Embedding models: the cosine similarity of two inputs and the verdict "
+                   "(same / different) at the threshold stored in the model.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @handle_errors
-def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, sep, as_json):
+def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, sep, similarity,
+          as_json):
     """Run MODEL (.bin) on INPUT files: .npy/.npz arrays, images or folders of them, CSV rows,
     or - for standard input (any of those, told apart by content).
 
@@ -262,7 +266,8 @@ def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, sep,
         raise click.UsageError("give at least one INPUT (or --warmup / --bench)")
     with _model_file(model) as path:
         result = run_infer(path, list(inputs), threads=threads, batch_size=batch_size,
-                           top_k=top_k, output=output, bench=bench, warmup=warmup, sep=sep)
+                           top_k=top_k, output=output, bench=bench, warmup=warmup, sep=sep,
+                           similarity=similarity)
     result["model"] = str(model)
     emit(result, as_json, render)
 
@@ -284,10 +289,13 @@ def infer(model, inputs, threads, batch_size, top_k, output, bench, warmup, sep,
 @click.option("--min-agreement", type=click.FloatRange(0, 1), help="Gate: top-1 agreement.")
 @click.option("--max-count-mismatch", type=click.FloatRange(0, 1),
               help="Gate (spike-count models): share of samples whose counts may differ.")
+@click.option("--min-cosine", type=click.FloatRange(-1, 1),
+              help="Gate (embedding models): the least per-sample cosine similarity; "
+                   "--min-agreement is then retrieval (nearest-neighbour) agreement.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @handle_errors
 def compare(ckpt, bin_path, onnx_path, data, inputs_path, random_n, limit, atol, rtol,
-            min_agreement, max_count_mismatch, as_json):
+            min_agreement, max_count_mismatch, min_cosine, as_json):
     """Prove the exports compute what the training model computes; exit 1 when a gate fails."""
     from pocket.compare import compare as run_compare
     from pocket.compare import render
@@ -318,7 +326,7 @@ def compare(ckpt, bin_path, onnx_path, data, inputs_path, random_n, limit, atol,
     result = run_compare(ckpt, bin_path=bin_path, onnx_path=onnx_path, data=data,
                          inputs_path=inputs_path, random_n=random_n, limit=limit, atol=atol,
                          rtol=rtol, min_agreement=min_agreement,
-                         max_count_mismatch=max_count_mismatch)
+                         max_count_mismatch=max_count_mismatch, min_cosine=min_cosine)
     emit(result, as_json, render)
     if not result["passed"]:
         sys.exit(EXIT_CHECK_FAILED)

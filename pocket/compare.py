@@ -51,9 +51,14 @@ def _training_model(ckpt: str):
     input_shape = tuple(ds.get("input_shape") or ck["graph"].inputs[
         next(iter(ck["graph"].inputs))].shape[1:])
     num_outputs = int(ck["graph"].output_infos()[0].shape[-1])
-    model = build_model(meta["config"]["model"], input_shape, num_outputs,
-                        np.random.default_rng(0))
-    lora.apply_config(model, meta["config"])  # a LoRA run's adapters, as it trained them
+    if ds.get("task") == "embedding":
+        from pocket.compare_embed import rebuild
+
+        model = rebuild(ck, input_shape)
+    else:
+        model = build_model(meta["config"]["model"], input_shape, num_outputs,
+                            np.random.default_rng(0))
+        lora.apply_config(model, meta["config"])  # a LoRA run's adapters, as it trained them
     model.load_state_dict({k: v for k, v in ck["state"].items()
                            if k in dict(model.state_dict())})
     model.eval()
@@ -197,7 +202,8 @@ def _inputs(ck: dict, data: str | None, inputs_path: str | None, random_n: int |
                           cache_dir=cfg["data"]["cache_dir"], seed=cfg["run"]["seed"],
                           limit=cfg["data"]["limit"],
                           **{k: cfg["data"][k] for k in ("window", "horizon", "stride", "season",
-                                                         "time_column", "relative", "layout", "classes")
+                                                         "time_column", "relative", "layout", "classes",
+                                                         "holdout")
                              if k in cfg["data"]})  # timeseries:PATH
         if tuple(ds.input_shape) != shape:
             raise CompareError(f"dataset {src}: inputs {list(ds.input_shape)} do not fit the "
@@ -236,11 +242,16 @@ def _token_ids(graph, x: np.ndarray, random_n: int | None) -> np.ndarray:
 def compare(ckpt: str, *, bin_path: str | None = None, onnx_path: str | None = None,
             data: str | None = None, inputs_path: str | None = None, random_n: int | None = None,
             limit: int | None = None, atol: float | None = None, rtol: float | None = None,
-            min_agreement: float | None = None, max_count_mismatch: float | None = None) -> dict:
-    """Run every engine on the same inputs; result["passed"] is False when a gate fails."""
+            min_agreement: float | None = None, max_count_mismatch: float | None = None,
+            min_cosine: float | None = None) -> dict:
+    """Run every engine on the same inputs; result["passed"] is False when a gate fails.
+    Embedding models are gated on cosine and retrieval agreement (compare_embed.py)."""
     model, ck = _training_model(ckpt)
     task = ck["meta"].get("dataset", {}).get("task", "classification")
     classification = task == "classification"
+    embedding = task == "embedding"
+    if embedding:
+        from pocket import compare_embed
     counts = spike_counts(ck["graph"])
     x, y, source = _inputs(ck, data, inputs_path, random_n, limit)
     x = _token_ids(ck["graph"], x, random_n)
@@ -262,6 +273,8 @@ def compare(ckpt: str, *, bin_path: str | None = None, onnx_path: str | None = N
         e = {"path": paths[name], "precision": precision[name]}
         if y is not None and classification:
             e["accuracy"] = float((out.argmax(1) == y).mean())
+        elif y is not None and embedding:
+            e["retrieval_top1"] = compare_embed.retrieval_top1(out, y)
         elif y is not None:
             e["mse"] = float(((out.reshape(len(y), -1) - y.reshape(len(y), -1)) ** 2).mean())
         engines[name] = e
@@ -273,14 +286,19 @@ def compare(ckpt: str, *, bin_path: str | None = None, onnx_path: str | None = N
             gates = dict(GATES[kind])
             if counts:
                 gates.update(atol=None, rtol=None, max_count_mismatch=SPIKE_GATES[kind])
+            if embedding:
+                gates.update(compare_embed.GATES[kind])
             for key, val in (("atol", atol), ("rtol", rtol), ("min_agreement", min_agreement),
-                             ("max_count_mismatch", max_count_mismatch)):
+                             ("max_count_mismatch", max_count_mismatch),
+                             ("min_cosine", min_cosine)):
                 if val is not None:
                     gates[key] = val
             m = pair_metrics(outputs[a], outputs[b], classification)
             if counts:
                 m.update(count_metrics(outputs[a], outputs[b]))
-            fails = _gate(m, gates)
+            if embedding:
+                m.update(compare_embed.metrics(outputs[a], outputs[b]))
+            fails = _gate(m, gates) + (compare_embed.gate(m, gates) if embedding else [])
             pairs.append({"pair": f"{a} vs {b}", "precision": kind, "gates": gates,
                           "metrics": m, "passed": not fails, "failures": fails})
             failures += [f"{a} vs {b}: {f}" for f in fails]
@@ -294,7 +312,8 @@ def render(r: dict) -> str:
     lines.append(f"{'engine':<7} {'precision':<9} {'accuracy':>9}  file")
     for name, e in r["engines"].items():
         acc = f"{e['accuracy'] * 100:.2f}%" if "accuracy" in e else (
-            f"mse {e['mse']:.3g}" if "mse" in e else "-")
+            f"mse {e['mse']:.3g}" if "mse" in e else
+            f"r@1 {e['retrieval_top1']:.1%}" if "retrieval_top1" in e else "-")
         lines.append(f"{name:<7} {e['precision']:<9} {acc:>9}  {e['path']}")
     lines.append("")
     head = (f"{'pair':<15} {'max_abs':>9} {'max_rel':>9} {'mean_abs':>9} {'cosine':>9} "
@@ -306,6 +325,16 @@ def render(r: dict) -> str:
         lines.append(f"{p['pair']:<15} {m['max_abs']:>9.2e} {m['max_rel']:>9.2e} "
                      f"{m['mean_abs']:>9.2e} {m['cosine']:>9.6f} {m['sqnr_db']:>8.1f} "
                      f"{top1:>7}  {'pass' if p['passed'] else 'FAIL'} ({p['precision']})")
+    if r.get("task") == "embedding":
+        lines += ["", "embeddings: per-sample cosine, and nearest-neighbour (retrieval) agreement"]
+        for p in r["pairs"]:
+            m = p["metrics"]
+            agree = m.get("retrieval_agreement")
+            lines.append(f"  {p['pair']:<15} cosine min {m['cosine_min']:.6f} mean "
+                         f"{m['cosine_mean']:.6f}, retrieval agreement "
+                         + (f"{agree:.2%}" if agree is not None else "-")
+                         + f"  (gates {p['gates']['min_cosine']:g}, "
+                           f"{p['gates']['min_agreement']:g})")
     if r.get("spike_counts"):
         lines += ["", "spike counts (the output): samples whose counts differ"]
         for p in r["pairs"]:

@@ -333,6 +333,7 @@ def _version() -> str:
 
 # Op families' ONNX mappings register themselves on import (they use _layer and _Builder above).
 from pocket.export import (  # noqa: E402, F401
+    onnx_export_embed,
     onnx_export_seqattn,
     onnx_export_seqconv,
     onnx_export_spiking,

@@ -36,7 +36,7 @@ __all__ = ["DTYPES", "OPS", "TASKS", "Dim", "Graph", "Node", "Shape", "ValueInfo
            "make_metadata", "normalize_attrs"]
 
 DTYPES = ("f32", "f16", "i8", "u8", "i32", "i64")
-TASKS = ("classification", "regression")
+TASKS = ("classification", "regression", "embedding")
 
 # --------------------------------------------------------------------------- values and nodes
 

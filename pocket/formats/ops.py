@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pocket.formats import ops_seqattn, ops_seqconv, ops_spiking, ops_ssm, ops_vision
+from pocket.formats import ops_embed, ops_seqattn, ops_seqconv, ops_spiking, ops_ssm, ops_vision
 from pocket.formats.errors import FormatError
 from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages use ops.X)
     INT8_ATTRS,
@@ -280,7 +280,7 @@ OPS: dict[str, Op] = {
 
 # Op families live in modules of their own (`ops_<family>.py`, written against opschema alone),
 # each listing its entries in ENTRIES: import the module here and name it in _FAMILIES.
-_FAMILIES: tuple = (ops_vision, ops_seqconv, ops_seqattn, ops_ssm, ops_spiking)
+_FAMILIES: tuple = (ops_vision, ops_seqconv, ops_seqattn, ops_ssm, ops_spiking, ops_embed)
 for _family in _FAMILIES:
     for _op in _family.ENTRIES:
         if _op.name in OPS:

@@ -383,6 +383,7 @@ def run_container(container, x: Mapping[str, np.ndarray] | np.ndarray, *,
 # The vision family (clip, silu, mul, channel_shuffle, slice); the activations by name here too.
 # Op families' references register themselves on import (they read the helpers above).
 from pocket.formats import (  # noqa: E402, F401
+    reference_embed,
     reference_seqattn,
     reference_seqconv,
     reference_spiking,

@@ -41,10 +41,12 @@ def synthetic_input(model: Model, n: int = 1) -> np.ndarray:
 
 def infer(model_path: str, inputs: list[str], *, threads: int | None = None,
           batch_size: int | None = None, top_k: int = 1, output: str | None = None,
-          bench: int = 0, warmup: bool = False, stdin=None, sep: str | None = None) -> dict:
+          bench: int = 0, warmup: bool = False, stdin=None, sep: str | None = None,
+          similarity: bool = False) -> dict:
     """Run `model_path` on every input; see the module docstring. Raises PocketError subclasses.
 
-    Without inputs, --warmup and --bench run on a synthetic batch of one sample."""
+    Without inputs, --warmup and --bench run on a synthetic batch of one sample.
+    similarity: an embedding model's cosine of two inputs, and the verdict (infer/embed.py)."""
     if not inputs and not (bench or warmup):
         raise InputError("give at least one input: an .npy/.npz array, an image, a folder, a CSV "
                          "or - (stdin); or --warmup / --bench N")
@@ -57,6 +59,10 @@ def infer(model_path: str, inputs: list[str], *, threads: int | None = None,
     with Model(model_path, threads=threads, max_batch=batch_size or 64,
                interpret_first=not (bench or warmup)) as model:
         eng = model.engine
+        if similarity:
+            from pocket.infer import embed
+
+            embed.check_model(model, model_path)
         t0 = time.perf_counter()
         if warmup:
             eng.warmup()
@@ -76,6 +82,9 @@ def infer(model_path: str, inputs: list[str], *, threads: int | None = None,
             results += _rows(model, batch, y, top_k)
         result = {"model": str(model_path), "task": model.task, "output": eng.output_names[0],
                   "results": results}
+        if similarity:
+            result["similarity"] = embed.similarity(model, [r["name"] for r in results],
+                                                    np.concatenate(raw, axis=0))
         if warmup:
             result["warmup_s"] = float(warmup_s)
         if output is not None:
@@ -108,7 +117,11 @@ def render(result: dict) -> str:
         from pocket.infer import forecast as fc
 
         return "\n".join(fc.render(result["results"], result.get("time_column", "")))
-    for r in result["results"]:
+    if result.get("similarity"):
+        from pocket.infer import embed
+
+        lines.append(embed.render(result["similarity"]))
+    for r in result["results"] if not result.get("similarity") else ():
         if "top" in r:
             best = f"{r['label']} ({r['probability']:.2f})"
             rest = ", ".join(f"{t['label']} ({t['probability']:.2f})" for t in r["top"][1:])

@@ -127,8 +127,8 @@ BUILDERS.update(lowering_seqattn.BUILDERS)
 
 # Op families' lowerings (lowering_<family>.py) register their builders; the engine reads
 # both tables from here.
-from pocket.infer import lowering_seqconv, lowering_ssm  # noqa: E402
+from pocket.infer import lowering_embed, lowering_seqconv, lowering_ssm  # noqa: E402
 
-for _family in (lowering_seqconv, lowering_ssm):
+for _family in (lowering_seqconv, lowering_ssm, lowering_embed):
     PREPARE.update(_family.PREPARE)
     BUILDERS.update(_family.BUILDERS)

@@ -39,7 +39,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
              "window": None, "horizon": None, "stride": 1, "season": None, "time_column": None,
              "relative": False, "layout": "NLC",
              # keep only these classes (label names or ids), renumbered in this order
-             "classes": None},
+             "classes": None,
+             # task = "embedding": the class names kept out of training (data/openset.py)
+             "holdout": None},
     "model": {"name": "cnn", "layers": None, "hidden": None, "channels": None, "dropout": 0.0,
               "batchnorm": True, "width": None},
     "train": {"epochs": 20, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3, "momentum": 0.9,
@@ -48,6 +50,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
               "clip_grad_norm": None, "label_smoothing": 0.0, "loss": None, "drop_last": True,
               "eval_batch_size": 256, "patience": 0, "min_delta": 0.0, "monitor": "auto",
               "keep": "best"},
+    # task = "embedding" (train/nn_embed.py): the embedding's width, and the ArcFace loss's
+    # scale s, margin m (radians) and easy_margin (Deng et al., 2019)
+    "embedding": {"dim": 64, "s": 30.0, "m": 0.5, "easy_margin": False},
     "memory": {"precision": "fp32", "accumulation": 1, "checkpointing": 0,
                "fp16_activations": False, "budget": None, "loss_scale": 65536.0,
                "growth_interval": 2000},
@@ -63,10 +68,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 CHOICES = {
     ("train", "optimizer"): ("sgd", "adam", "adamw"),
     ("train", "schedule"): ("cosine", "step", "constant"),
-    ("train", "loss"): (None, "cross_entropy", "mse", "l1", "huber"),
+    ("train", "loss"): (None, "cross_entropy", "mse", "l1", "huber", "arcface", "softmax"),
     # NOTE: no bf16: NumPy and CuPy have no bfloat16 array type, so it cannot train (amp.py).
     ("memory", "precision"): ("fp32", "fp16"),
-    ("data", "task"): (None, "classification", "regression", "forecast", "sequence-classification"),
+    ("data", "task"): (None, "classification", "regression", "forecast", "sequence-classification",
+                       "embedding"),
     ("train", "monitor"): ("auto", "val_loss", "val_accuracy", "val_r2", "val_mae", "val_rmse",
                            "train_loss"),
     ("train", "keep"): ("best", "last"),
@@ -81,7 +87,7 @@ OPTIONAL_TYPES: dict[tuple[str, str], tuple[type, ...]] = {
     ("data", "image_size"): (int, list), ("data", "cache_dir"): (str,),
     ("data", "test"): (str,), ("data", "validation"): (str,),
     ("data", "window"): (int,), ("data", "horizon"): (int,), ("data", "season"): (int,),
-    ("data", "time_column"): (str,),
+    ("data", "time_column"): (str,), ("data", "holdout"): (list,),
     ("model", "layers"): (list,), ("model", "hidden"): (list,), ("model", "channels"): (list,),
     ("model", "width"): (int,), ("train", "clip_grad_norm"): (float,), ("train", "loss"): (str,),
     ("memory", "budget"): (str, int), ("export", "int8_target"): (float,),
@@ -93,7 +99,8 @@ OPTIONAL_TYPES: dict[tuple[str, str], tuple[type, ...]] = {
 # Upper bounds past which a value is a typo, not a choice (lr = 1e30 trains to NaN in a step).
 _AT_MOST = {("train", "lr"): 10.0, ("train", "weight_decay"): 1.0, ("train", "eps"): 1.0,
             ("train", "gamma"): 10.0, ("memory", "loss_scale"): 2.0**32,
-            ("train", "batch_size"): 2**24, ("train", "eval_batch_size"): 2**24,
+            ("train", "batch_size"): 2**24, ("embedding", "s"): 1e3, ("embedding", "dim"): 2**16,
+            ("embedding", "m"): 1.5, ("train", "eval_batch_size"): 2**24,
             ("memory", "accumulation"): 2**16, ("train", "epochs"): 10**6,
             ("memory", "checkpointing"): 4096, ("export", "percentile"): 100.0}
 _MAX_DEPTH = 16
@@ -103,11 +110,12 @@ _LAYER_POSITIVE = ("out", "kernel", "stride", "dilation", "groups")
 
 _AT_LEAST_1 = (("train", "epochs"), ("train", "batch_size"), ("memory", "accumulation"),
                ("train", "eval_batch_size"), ("train", "step_size"), ("memory", "growth_interval"),
-               ("data", "stride"))
+               ("data", "stride"), ("embedding", "dim"))
 _AT_LEAST_0 = (("run", "seed"), ("run", "calib_samples"), ("data", "prefetch"),
                ("export", "percentile"),
                ("train", "warmup_epochs"), ("train", "weight_decay"), ("train", "eps"),
-               ("memory", "checkpointing"), ("train", "patience"), ("train", "min_delta"))
+               ("memory", "checkpointing"), ("train", "patience"), ("train", "min_delta"),
+               ("embedding", "m"))
 
 # Command-line flag -> (section, key)
 FLAGS = {
@@ -349,6 +357,8 @@ def merge(raw: dict, where: str = "config") -> dict:
     for key in ("lr", "gamma", "clip_grad_norm"):
         if tr[key] is not None and tr[key] <= 0:
             raise ConfigError(f"{where}: [train] {key} must be positive")
+    if cfg["embedding"]["s"] <= 0:
+        raise ConfigError(f"{where}: [embedding] s must be positive")
     if cfg["memory"]["loss_scale"] <= 0:
         raise ConfigError(f"{where}: [memory] loss_scale must be positive")
     for key in ("momentum", "label_smoothing"):

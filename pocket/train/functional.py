@@ -835,6 +835,7 @@ ops.register_table("train", {
 # is functional_vision.slice).
 # Op families: their differentiable forwards register themselves in slot "train" on import.
 from pocket.train import (  # noqa: E402, F401
+    functional_embed,
     functional_seqattn,
     functional_seqconv,
     functional_spiking,

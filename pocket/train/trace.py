@@ -195,4 +195,10 @@ def trace(model: nn.Module, input_shape, metadata: dict | None = None,
     return g, params
 
 
-from pocket.train import nn_spiking, trace_lora, trace_seqattn, trace_ssm  # noqa: E402, F401  (their tracers)
+from pocket.train import (  # noqa: E402, F401  (their tracers)
+    nn_embed,
+    nn_spiking,
+    trace_lora,
+    trace_seqattn,
+    trace_ssm,
+)

@@ -23,7 +23,7 @@ import numpy as np
 from pocket import __version__
 from pocket.errors import PocketError
 from pocket.formats.ir import make_metadata
-from pocket.train import backend, lora, memory, nn_spiking, optim
+from pocket.train import backend, lora, memory, nn_spiking, optim, task_embed
 from pocket.train import functional as F
 from pocket.train.checkpoint import (
     DERIVED_PREFIX,
@@ -92,12 +92,13 @@ class Trainer:
             data_cfg["source"], target=data_cfg["target"], task=data_cfg["task"],
             val_fraction=data_cfg["val_fraction"], test_fraction=data_cfg["test_fraction"],
             cache_dir=data_cfg["cache_dir"], seed=self.seed, limit=data_cfg["limit"],
-            test=data_cfg["test"], validation=data_cfg["validation"],
+            test=data_cfg["test"], validation=data_cfg["validation"], holdout=data_cfg["holdout"],
             **{k: data_cfg[k] for k in ("window", "horizon", "stride", "season", "time_column",
                                          "relative", "layout", "classes")},
             **({"image_size": data_cfg["image_size"]} if data_cfg["image_size"] else {}))
         self.task = self.data.task
-        self.loss_name = tr["loss"] or ("cross_entropy" if self.task == "classification" else "mse")
+        self.loss_name = tr["loss"] or {"classification": "cross_entropy",
+                                        task_embed.TASK: "arcface"}.get(self.task, "mse")
         self._check_task_choices()
         self.batch_size = tr["batch_size"]
         self._init_rng = np.random.default_rng(self.seed)
@@ -141,6 +142,8 @@ class Trainer:
     def _check_task_choices(self) -> None:
         """Loss and monitor that fit the data's task, refused before any training."""
         tr = self.cfg["train"]
+        if self.task == task_embed.TASK:
+            return task_embed.check(self)
         cls = self.task == "classification"
         if cls != (self.loss_name == "cross_entropy"):
             want = "cross_entropy" if cls else "mse, l1 or huber"
@@ -159,6 +162,8 @@ class Trainer:
             _log(self.quiet, "early stopping watches train_loss: there is no validation split")
 
     def _build_model(self):
+        if self.task == task_embed.TASK:
+            return task_embed.build(self, self._init_rng)
         model = build_model(self.cfg["model"], self.data.input_shape, self.data.num_outputs,
                             self._init_rng)
         lora.apply_config(model, self.cfg, self._init_rng)
@@ -235,6 +240,8 @@ class Trainer:
 
     def _loss(self, out: Tensor, y) -> Tensor:
         out = F.astype(out, np.float32) if out.dtype != np.float32 else out
+        if self.task == task_embed.TASK:
+            return task_embed.loss(self, out, y)
         if self.loss_name == "cross_entropy":
             return F.cross_entropy(out, y, label_smoothing=self.cfg["train"]["label_smoothing"])
         target = Tensor(y.reshape(out.shape) if y.size == out.size else y)
@@ -348,6 +355,8 @@ class Trainer:
             loss = float(-logp[np.arange(len(out)), split.y].mean())
             return {"loss": loss, "accuracy": float((out.argmax(axis=1) == split.y).mean()),
                     **spikes}
+        if self.task == task_embed.TASK:
+            return {**task_embed.evaluate(self, split, out), **spikes}
         y = split.y.reshape(out.shape).astype(np.float64)
         pred = out
         err = out.astype(np.float64) - y
@@ -371,9 +380,12 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _metadata(self, metrics: dict | None) -> dict:
-        return make_metadata(task=self.task, labels=self.data.labels,
+        meta = make_metadata(task=self.task, labels=self.data.labels,
                              preprocessing=self.data.preprocessing, dataset=self.data.name,
                              metrics=metrics, version=__version__)
+        if self.task == task_embed.TASK:
+            meta.update(task_embed.metadata(self, metrics))
+        return meta
 
     def _calibration(self) -> tuple[np.ndarray, np.ndarray]:
         n = min(self.cfg["run"]["calib_samples"], len(self.data.train))
@@ -685,6 +697,8 @@ class Trainer:
             parts.append(f"val loss {num(row['val_loss'], '.4f')}")
         if "val_r2" in row:
             parts.append(f"val R² {num(row['val_r2'], '.4f')}")
+        if "val_tar_far1e-2" in row:  # an embedding: open-set verification on validation
+            parts.append(f"val TAR@FAR1e-2 {num(row['val_tar_far1e-2'], '.4f')}")
         if self.verbose:
             parts.extend(f"{k[4:]} {num(v, '.4g')}" for k, v in row.items()
                          if k in ("val_mae", "val_rmse"))
@@ -766,6 +780,8 @@ class Trainer:
         with read_container(path, expect_kind="checkpoint") as c:
             graph = c.graph
             graph.metadata = {**graph.metadata, "metrics": metrics}
+            if self.task == task_embed.TASK:
+                graph.metadata.update(task_embed.metadata(self, metrics))
             tensors = {k: np.array(v) for k, v in c.tensors.items()}
             meta = c.meta
         write_container(path, kind="checkpoint", tensors=tensors, graph=graph, meta=meta)

@@ -29,8 +29,9 @@ TEST_SPLIT_SEED = 0x706F636B
 SOURCES = ("digits", "mnist", "cifar10", "csv", "npz", "folder", "timeseries")
 # [data] task: the trainer's two (the guess when absent), and the sequence tasks on top of them:
 # "forecast" (timeseries:PATH, a regression of the next steps, data/timeseries.py) and
-# "sequence-classification" (images read row by row as steps, or npz sequences (N, L, F)).
-TASKS = ("classification", "regression", "forecast", "sequence-classification")
+# "sequence-classification" (images read row by row as steps, or npz sequences (N, L, F)), and
+# "embedding" (classes held out of training for open-set evaluation, data/openset.py).
+TASKS = ("classification", "regression", "forecast", "sequence-classification", "embedding")
 DATA_EXTRA = "pip install 'pocketnn[data]'"
 
 
@@ -106,6 +107,7 @@ def load_dataset(
     relative: bool = False,
     layout: str = "NLC",
     classes: Sequence | None = None,
+    holdout: Sequence | None = None,
 ) -> Dataset:
     """Load SRC (`digits`, `mnist[:PATH]`, `cifar10[:PATH]`, `csv:PATH`, `npz:PATH`, `folder:PATH`).
 
@@ -117,6 +119,7 @@ def load_dataset(
     data/timeseries.py).
     classes: keep only these classes (label names, or ids for sets labelled by number), their
     ids renumbered 0.. in this order (e.g. digits [5, 6, 7, 8, 9] -> labels "5".."9").
+    holdout: the class names the `embedding` task keeps out of training (data/openset.py).
     """
     _check_args(task, val_fraction, test_fraction, seed, limit)
     kind, _, path = src.partition(":")
@@ -147,9 +150,17 @@ def load_dataset(
         raise DataError(f"dataset source {kind!r} needs a path, e.g. {kind}:data/my_{kind}")
     if kind == "digits" and path:
         raise DataError("the digits dataset is bundled and takes no path; use plain 'digits'")
-    raw = _read(kind, path, target=target, task=task, cache_dir=resolve_cache_dir(cache_dir),
+    if task == "embedding" and (test or validation):
+        raise DataError("task = \"embedding\" makes its own test split (the held-out classes); "
+                        "remove [data] test and validation")
+    raw = _read(kind, path, target=target, task="classification" if task == "embedding" else task,
+                cache_dir=resolve_cache_dir(cache_dir),
                 image_size=image_size, channels=channels)
     name = src if kind in ("csv", "npz", "folder") else kind
+    seen = None
+    if task == "embedding":
+        from pocket.train.data.openset import split_classes
+        raw, seen = split_classes(raw, holdout, name)
     if task is not None and raw.task != task:
         raise DataError(f"{name}: [data] task = {task!r}, but this is a {raw.task} set; remove "
                         "task (or use a source with the other kind of target)")
@@ -159,8 +170,11 @@ def load_dataset(
     for split, other in (("test", test), ("val", validation)):
         if other:
             extra[split] = _read_extra(other, raw, target=target, split=split)
-    return _finish(name, raw, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
+    data = _finish(name, raw, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed,
                    limit=limit, extra=extra)
+    if seen is not None:
+        data.num_outputs = seen  # the training head's classes
+    return data
 
 
 def select_classes(raw: Raw, classes: Sequence, name: str) -> Raw:
@@ -309,7 +323,7 @@ def _finish(name: str, raw: Raw, *, val_fraction: float, test_fraction: float, s
     if raw.x_test is not None:
         check_finite(raw.x_test, name, "x_test")
         check_finite(raw.y_test, name, "y_test")
-    stratify = raw.task == "classification"
+    stratify = raw.task in ("classification", "embedding")
     x, y = raw.x, raw.y
     extra = extra or {}
     if "test" in extra:
