@@ -38,7 +38,7 @@ import numpy as np
 from numba import njit, prange
 
 from pocket.infer.jit import kernel
-from pocket.infer.kernels_fp32 import activate
+from pocket.infer.kernels_fp32 import act_inplace
 from pocket.infer.kernels_int8 import _epilogue
 
 # (kh, kw, stride along the width) with an unrolled interior loop; any dilation, padding and
@@ -77,26 +77,8 @@ def _box(g, ho):
 
 @njit(cache=True, inline="always")
 def _act_run(of, lo, hi, act, alpha):
-    """of[lo:hi] through activation `act` in place; ReLU, leaky ReLU, relu6 vectorized, NaN kept."""
-    zero = np.float32(0.0)
-    if act == 1:
-        for t in range(lo, hi):
-            v = of[np.uint64(t)]
-            of[np.uint64(t)] = zero if v < zero else v
-    elif act == 2:
-        a = np.float32(alpha)
-        for t in range(lo, hi):
-            v = of[np.uint64(t)]
-            of[np.uint64(t)] = v if v >= zero else a * v
-    elif act == 9:
-        top = np.float32(alpha)  # relu6: clip's max; float32 equals activate's (monotone rounding)
-        for t in range(lo, hi):
-            v = of[np.uint64(t)]
-            v = zero if v < zero else v
-            of[np.uint64(t)] = top if v > top else v
-    elif act != 0:
-        for t in range(lo, hi):
-            of[t] = activate(np.float64(of[t]), act, alpha)
+    """of[lo:hi] through activation `act` in place (kernels_fp32.act_inplace: vector loops)."""
+    act_inplace(of, lo, hi - lo, np.float32(0.0), act, alpha)
 
 
 @njit(cache=True, inline="always")
@@ -448,12 +430,15 @@ def dw_conv_padded(out, x, w, b, xp_all, tmp_all, sh, ph, pw, dh, dw, act, alpha
                 _flat_f32(tmp, xp, wf, ch * 25, bo, n_out, pitch, plane, dh, dw, 5, 5, 1)
             else:
                 _flat_f32(tmp, xp, wf, ch * 25, bo, n_out, pitch, plane, dh, dw, 5, 5, 2)
+            # NOTE: the activation over the flat outputs, junk columns and all: one long
+            # vector loop, where along 7- to 14-wide rows SiLU ran mostly in scalar remainders
+            if act != 0:
+                act_inplace(tmp, 0, n_out, np.float32(0.0), act, alpha)
             ob = nc * ho * wo
             for oh in range(ho):
                 src, dst = oh * pitch, ob + oh * wo
                 for ow in range(wo):
                     of[np.uint64(dst + ow)] = tmp[np.uint64(src + ow)]
-                _act_run(of, dst, dst + wo, act, alpha)
 
 
 @kernel

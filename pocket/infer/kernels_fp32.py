@@ -18,7 +18,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from pocket.formats import ops
 from pocket.infer.jit import kernel
@@ -57,6 +59,154 @@ def activate(v, act, alpha):
     if act == 10:
         return v / (1.0 + math.exp(-v))  # silu; exp overflows to inf, so -0 far left
     return v
+
+
+@intrinsic
+def _f64_from_bits(typingctx, bits):
+    """The float64 whose IEEE bits are the int64 `bits` (plain LLVM: every target)."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+_LOG2E = 1.4426950408889634
+_LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10
+@njit(cache=True, inline="always")
+def exp64(x):
+    """exp(x) in float64 to a few ulp, written so that LLVM vectorizes it (math.exp is a libm
+    call an element, which keeps a loop scalar): x = n ln2 + r, |r| <= ln2/2, the Taylor
+    polynomial of degree 12 in r (truncation below 2e-16 relative; literal coefficients 1/k!,
+    as a loop over a tuple kept the loop scalar), times 2**n built from its bits. Exact to a
+    few ulp on [-708, 709.4]; x is clamped to [-708, 710], and from 709.44 on the result is
+    inf (2**1024): where the activations below use it, both ends round to float32 as exp's
+    true values would, and exp(inf) = inf keeps silu(-inf) NaN as in the reference. NaN stays
+    NaN."""
+    x = -708.0 if x < -708.0 else (710.0 if x > 710.0 else x)
+    n = np.floor((x if x == x else 0.0) * _LOG2E + 0.5)
+    r = (x - n * _LN2_HI) - n * _LN2_LO
+    p = 2.08767569878681e-09
+    p = p * r + 2.505210838544172e-08
+    p = p * r + 2.755731922398589e-07
+    p = p * r + 2.7557319223985893e-06
+    p = p * r + 2.48015873015873e-05
+    p = p * r + 0.0001984126984126984
+    p = p * r + 0.001388888888888889
+    p = p * r + 0.008333333333333333
+    p = p * r + 0.041666666666666664
+    p = p * r + 0.16666666666666666
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    return p * _f64_from_bits((np.int64(n) + 1023) << 52)
+
+
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """The float32 whose IEEE bits are the int32 `bits`."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def fdiv(typingctx, a, b):
+    """a / b as one IEEE division (x / 0 = inf or NaN), for float32 or float64 operands of
+    one type. NOTE: Numba's `/` tests the divisor for ZeroDivisionError first, and that
+    branch kept every loop with a division scalar (SiLU: 10 ns an element, 1.2 vectorized)."""
+    if a != b or not isinstance(a, types.Float):
+        return None
+    sig = a(a, b)
+
+    def codegen(context, builder, signature, args):
+        return builder.fdiv(args[0], args[1])
+
+    return sig, codegen
+
+
+@njit(cache=True, inline="always")
+def exp32(x):
+    """exp(x) in float32 to about 1 ulp, vectorizable (exp64's method on 16 lanes, not 8:
+    SiLU over EfficientNet-B0's 5 M activations was 1.9 ns an element in float64): Cody-Waite
+    ln2 in two parts, Taylor to degree 7 (truncation 5e-9 relative on |r| <= ln2/2), times
+    2 * 2**(n-1) so that n = 128 (x in [88.38, 88.72]) stays finite. x is clamped to
+    [-86.9, 89]: below, values of 1e-38 where exp is (near) denormal; from 88.73 on inf, as
+    float32 exp overflows; NaN stays NaN. Float32 activations built on it (sigmoid, SiLU)
+    differ from float64's beyond rounding only where they are below 1e-36 in size."""
+    x = np.float32(-86.9) if x < np.float32(-86.9) else (np.float32(89.0) if x > np.float32(89.0) else x)
+    n = np.floor((x if x == x else np.float32(0.0)) * np.float32(_LOG2E) + np.float32(0.5))
+    r = (x - n * np.float32(0.693359375)) - n * np.float32(-2.12194440e-4)
+    p = np.float32(0.0001984126984126984)
+    p = p * r + np.float32(0.001388888888888889)
+    p = p * r + np.float32(0.008333333333333333)
+    p = p * r + np.float32(0.041666666666666664)
+    p = p * r + np.float32(0.16666666666666666)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    p = p * r + np.float32(1.0)
+    return (p * np.float32(2.0)) * _f32_from_bits((np.int32(n) + np.int32(126)) << np.int32(23))
+
+
+@njit(cache=True)
+def act_run(dst, d0, src, s0, n, bo, act, alpha):
+    """dst[d0 + i] = activation(src[s0 + i] + bo) for i < n, dst and src apart (in place:
+    act_inplace): one loop per activation, so each vectorizes: none/ReLU/relu6
+    exact in float32, hardswish and hardsigmoid in float64 rounded once (equal to
+    activate()), sigmoid and SiLU in float32 on exp32 (within a few ulp of activate():
+    float32 rounding, as the GEMMs' sums); the others scalar through activate().
+
+    NOTE: a function of its own, not inlined: its vector loops took 2-3 s to compile, which
+    inlined into each epilogue kernel made a cold first run (and the suite) minutes longer."""
+    _act_loops(dst, d0, src, s0, n, bo, act, alpha)
+
+
+@njit(cache=True)
+def act_inplace(a, a0, n, bo, act, alpha):
+    """act_run on the same elements: a[a0 + i] = activation(a[a0 + i] + bo).
+
+    NOTE: one array: given the same one twice, LLVM's runtime alias check sent the loops to
+    their scalar versions (SiLU on EfficientNet's depthwise outputs: 917 -> 398 us a layer)."""
+    _act_loops(a, a0, a, a0, n, bo, act, alpha)
+
+
+@njit(cache=True, inline="always")
+def _act_loops(dst, d0, src, s0, n, bo, act, alpha):
+    """act_run's loops (the activation written out in each loop: through a helper taking act
+    as an argument, even a literal one, the loops stayed scalar)."""
+    d, s = np.uint64(d0), np.uint64(s0)
+    if act == 0:
+        for i in range(n):
+            dst[d + np.uint64(i)] = src[s + np.uint64(i)] + bo
+    elif act == 1:
+        for i in range(n):
+            dst[d + np.uint64(i)] = relu(src[s + np.uint64(i)] + bo)
+    elif act == 9:
+        hi = np.float32(alpha)  # relu6 in float32 equals activate's: rounding is monotone
+        for i in range(n):
+            v = relu(src[s + np.uint64(i)] + bo)
+            dst[d + np.uint64(i)] = hi if v > hi else v
+    elif act == 3:
+        for i in range(n):
+            v = src[s + np.uint64(i)] + bo
+            dst[d + np.uint64(i)] = fdiv(np.float32(1.0), np.float32(1.0) + exp32(-v))
+    elif act == 10:
+        for i in range(n):
+            v = src[s + np.uint64(i)] + bo
+            dst[d + np.uint64(i)] = fdiv(v, np.float32(1.0) + exp32(-v))  # silu
+    elif act == 7:
+        for i in range(n):
+            dst[d + np.uint64(i)] = activate(np.float64(src[s + np.uint64(i)] + bo), 7, alpha)
+    elif act == 8:
+        for i in range(n):
+            dst[d + np.uint64(i)] = activate(np.float64(src[s + np.uint64(i)] + bo), 8, alpha)
+    else:
+        for i in range(n):
+            dst[d + np.uint64(i)] = activate(np.float64(src[s + np.uint64(i)] + bo), act, alpha)
 
 
 # NOTE: NaN propagates through ReLU and max pooling, as in formats/reference.py (np.maximum),
@@ -98,8 +248,8 @@ def bias_act(out, y, rb, cb, b, act, alpha):
 
 @njit(cache=True, inline="always")
 def bias_act_run(dst, src, n, bo, act, alpha):
-    """dst[:n] = activation(src[:n] + bo) (dst may be src): one contiguous loop, vectorized
-    for none, ReLU and relu6."""
+    """dst[:n] = activation(src[:n] + bo) (dst may be src): none, ReLU and relu6 inlined,
+    the others through act_run."""
     if act == 0:
         for i in range(n):
             dst[i] = src[i] + bo
@@ -111,9 +261,10 @@ def bias_act_run(dst, src, n, bo, act, alpha):
         for i in range(n):
             v = relu(src[i] + bo)
             dst[i] = hi if v > hi else v
+    elif dst.ctypes.data == src.ctypes.data:
+        act_inplace(dst, 0, n, bo, act, alpha)
     else:
-        for i in range(n):
-            dst[i] = activate(np.float64(src[i] + bo), act, alpha)
+        act_run(dst, 0, src, 0, n, bo, act, alpha)
 
 
 @kernel
@@ -150,16 +301,27 @@ def bias_act_rows(out, y, b, act, alpha):
             for j in range(o):
                 dst[j] = relu(row[j] + (b[j] if has_bias else np.float32(0.0)))
         else:
-            for j in range(o):
-                bo = b[j] if has_bias else np.float32(0.0)
-                dst[j] = activate(np.float64(row[j] + bo), act, alpha)
+            if has_bias:
+                for j in range(o):
+                    dst[j] = row[j] + b[j]
+                act_inplace(dst, 0, o, np.float32(0.0), act, alpha)
+            else:
+                bias_act_run(dst, row, o, np.float32(0.0), act, alpha)
+
+
+_UNARY_BLOCK = 4096  # elements a task of unary
 
 
 @kernel
 def unary(out, x, act, alpha):
-    """out (M,) = activation(x (M,)); out may be x."""
-    for i in prange(x.shape[0]):
-        out[i] = activate(np.float64(x[i]), act, alpha)
+    """out (M,) = activation(x (M,)); out may be x (act_run's vector loops, in blocks)."""
+    m = x.shape[0]
+    for t in prange(-(-m // _UNARY_BLOCK)):
+        lo = t * _UNARY_BLOCK
+        if out.ctypes.data == x.ctypes.data:
+            act_inplace(out, lo, min(_UNARY_BLOCK, m - lo), np.float32(0.0), act, alpha)
+        else:
+            act_run(out, lo, x, lo, min(_UNARY_BLOCK, m - lo), np.float32(0.0), act, alpha)
 
 
 @kernel
@@ -524,8 +686,8 @@ def bias_act_pitch(out, y, pitch, istride, b, act, alpha):
         for oh in range(ho):
             src = np.uint64(oc * mp + bi * istride + oh * pitch)
             dst = np.uint64((r * ho + oh) * wo)
-            # NOTE: none, ReLU and relu6 as vector loops; through activate() (float64, one
-            # call an element) MobileNetV2-0.5's 17 expand convs took 1.3 ms of its 5.4
+            # NOTE: through act_run, one vector loop a row; with activate() an element
+            # (float64, a call each) MobileNetV2-0.5's 17 expand convs took 1.3 ms of its 5.4
             if act == 0:
                 for ow in range(wo):
                     of[dst + np.uint64(ow)] = yf[src + np.uint64(ow)] + bo
@@ -538,9 +700,7 @@ def bias_act_pitch(out, y, pitch, istride, b, act, alpha):
                     v = relu(yf[src + np.uint64(ow)] + bo)
                     of[dst + np.uint64(ow)] = hi if v > hi else v
             else:
-                for ow in range(wo):
-                    of[dst + np.uint64(ow)] = activate(np.float64(yf[src + np.uint64(ow)] + bo), act,
-                                                       alpha)
+                act_run(of, dst, yf, src, wo, bo, act, alpha)
 
 
 @kernel

@@ -21,7 +21,7 @@ Seeded (hypothesis, derandomized): the same cases every run. A longer run draws 
 
     POCKET_FUZZ_EXAMPLES=2000 python -m pytest -q tests/infer/test_route_fuzz.py
 
-(POCKET_FUZZ_SEED=N draws another sequence; the bounds-checked workers take a quarter as many.)
+(POCKET_FUZZ_SEED=N draws another sequence; the bounds-checked workers take a fifth as many.)
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from pocket.infer import kernels_fma, kernels_vnni
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 WORKER = HERE / "route_fuzz.py"
-EXAMPLES = int(os.environ.get("POCKET_FUZZ_EXAMPLES", "210"))
+# NOTE: 100 by default (was 210): the four fuzz workers were ~40% of the suite's time on CI's
+# two cores; every route is still reached (the tests below assert it)
+EXAMPLES = int(os.environ.get("POCKET_FUZZ_EXAMPLES", "100"))
 SEED = os.environ.get("POCKET_FUZZ_SEED")
 PORTABLE = {"POCKET_FP32_FMA": "0", "POCKET_INT8_VNNI": "0"}
 
@@ -116,7 +118,7 @@ def test_portable_routes_match_reference(dtype):
 def test_portable_routes_in_bounds(dtype):
     """The portable kernels with Numba's bounds checks on: an index past an array raises."""
     env = {**PORTABLE, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": _boundscheck_cache()}
-    run_worker(dtype, max(10, EXAMPLES // 4), env, *_skip_known())
+    run_worker(dtype, max(10, EXAMPLES // 5), env, *_skip_known())
 
 
 def _known_params():

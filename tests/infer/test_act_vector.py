@@ -1,0 +1,90 @@
+"""kernels_fp32's vectorized activations (act_run, exp32, exp64) against float64 NumPy formulas
+written here: float32 results equal to the formula rounded once (sigmoid and SiLU, on exp32:
+within 4 ulp), NaN and infinities included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pocket.infer import kernels_fp32 as kf
+
+RNG = np.random.default_rng(41)
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 88.7, -88.7, -103.9, -745.0,
+                    800.0, -800.0, 1e-30, -1e-30], np.float32)
+X = np.concatenate([RNG.standard_normal(4000).astype(np.float32) * s for s in (0.5, 4, 40, 400)]
+                   + [SPECIAL])
+
+
+def _formula(name, v):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return {"sigmoid": lambda: 1.0 / (1.0 + np.exp(-v)),
+                "silu": lambda: v / (1.0 + np.exp(-v)),
+                "hardswish": lambda: v * np.clip(v + 3.0, 0.0, 6.0) / 6.0,
+                "hardsigmoid": lambda: np.clip(v + 3.0, 0.0, 6.0) / 6.0,
+                "tanh": lambda: np.tanh(v),
+                "relu": lambda: np.where(v < 0, 0.0, v)}[name]()
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "hardswish", "hardsigmoid", "tanh", "relu"])
+def test_unary_equals_the_float64_formula(name):
+    out = np.full_like(X, 7.0)
+    kf.unary.serial(out, X, kf.ACT[name], 0.0)
+    exact = _formula(name, X.astype(np.float64))
+    want = exact.astype(np.float32)
+    if name in ("sigmoid", "silu"):
+        assert np.array_equal(np.isnan(out), np.isnan(want))
+        assert np.array_equal(np.isinf(out), np.isinf(want))
+        # (float32 exp over- or underflows where the result is below 1e-36)
+        ok = np.isfinite(want)
+        ulp = np.spacing(np.abs(want[ok])).astype(np.float64)
+        assert np.all(np.abs(out[ok] - exact[ok]) <= 4 * ulp + 1e-36)
+        return
+    assert np.array_equal(out, want, equal_nan=True)
+
+
+def test_bias_act_rows_with_bias():
+    """The linear epilogue: the bias added in float32 first, then the activation."""
+    y = RNG.standard_normal((3, 37)).astype(np.float32) * 5
+    b = RNG.standard_normal(37).astype(np.float32)
+    out = np.empty_like(y)
+    kf.bias_act_rows.serial(out, y, b, kf.ACT["silu"], 0.0)
+    exact = _formula("silu", (y + b).astype(np.float64))
+    assert np.all(np.abs(out - exact) <= 4 * np.spacing(np.abs(exact).astype(np.float32)))
+
+
+def test_exp64_relative_error():
+    from numba import njit
+
+    @njit
+    def run(out, x):
+        for i in range(x.shape[0]):
+            out[i] = kf.exp64(x[i])
+
+    x = np.concatenate([np.linspace(-708, 709.4, 20001), RNG.uniform(-30, 30, 5000)])
+    out = np.empty_like(x)
+    run(out, x)
+    assert np.max(np.abs(out - np.exp(x)) / np.exp(x)) < 2e-15
+    edge = np.array([np.nan, np.inf, -np.inf, 720.0])
+    out = np.empty_like(edge)
+    run(out, edge)
+    assert np.isnan(out[0]) and out[1] == np.inf and out[2] > 0 and out[3] == np.inf
+
+
+def test_exp32_relative_error():
+    from numba import njit
+
+    @njit
+    def run(out, x):
+        for i in range(x.shape[0]):
+            out[i] = kf.exp32(x[i])
+
+    x = np.concatenate([np.linspace(-86.5, 88.72, 20001), RNG.uniform(-10, 10, 5000)]).astype(np.float32)
+    out = np.empty_like(x)
+    run(out, x)
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(out - exact) / exact) < 3 * 2.0 ** -24
+    edge = np.array([np.nan, np.inf, -np.inf, 89.5], np.float32)
+    out = np.empty_like(edge)
+    run(out, edge)
+    assert np.isnan(out[0]) and out[1] == np.inf and 0 < out[2] < 3e-38 and out[3] == np.inf
