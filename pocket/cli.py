@@ -342,15 +342,19 @@ def inspect(file, routes, as_json):
     """Show a .bin or .ckpt: header, graph, tensors, metadata. Checks every byte.
 
     With --routes (a model .bin): per conv2d/linear layer, the geometry that decided, the route
-    the engine takes on this machine (POCKET_ROUTE forces one) and its scratch bytes."""
+    the engine takes on this machine (POCKET_ROUTE forces one), its scratch bytes and the bytes
+    of weights it keeps in another layout (prepared once, at batch 1 and max_batch here)."""
     with _model_file(file) as path:
         if routes:
             from pocket.infer.engine import Engine
             from pocket.infer.plan import Cpu
 
             with Engine(path) as eng:
+                for n in sorted({1, eng.max_batch}):
+                    eng.bind(n)
                 result = {"file": str(file), "max_batch": eng.max_batch,
-                          "cpu": vars(Cpu.host()), "routes": eng.routes()}
+                          "cpu": vars(Cpu.host()), "routes": eng.routes(),
+                          "arena_bytes": eng.arena_bytes, "prepared_bytes": eng.prepared_bytes}
             emit(result, as_json, _render_routes)
             return
         from pocket.formats.describe import describe, render
@@ -413,7 +417,11 @@ def _render_routes(r: dict) -> str:
             geo = f"{g['rows']} rows, {g['k']} -> {g['o']}"
         small = f" (batch 1: {row['batch_1']})" if "batch_1" in row else ""
         lines.append(f"  {row['node']:<16} {row['op']:<7} {row['dtype']:<4} {geo:<44} "
-                     f"{row['route']}{small}  scratch {row['scratch_bytes']} B")
+                     f"{row['route']}{small}  scratch {row['scratch_bytes']} B"
+                     + (f", prepared {row['prepared_bytes']} B" if row.get("prepared_bytes") else ""))
+    if "arena_bytes" in r:
+        lines.append(f"  arena {r['arena_bytes']} B; weights prepared in another layout "
+                     f"{r['prepared_bytes']} B (beyond the file's mmap)")
     return "\n".join(lines)
 
 

@@ -221,10 +221,20 @@ class Engine:
             self._plan()
         return self._arena.nbytes
 
+    @property
+    def prepared_bytes(self) -> int:
+        """Bytes of weights kept in another layout than the file's (routes.base.prepared: int8
+        weights as float32 for BLAS, VNNI-ordered copies), made at the first bind that needed
+        them: what this engine holds beyond the mmapped file and the arena."""
+        if not self._planned:
+            self._plan()
+        return sum(_prepared_in(p) for p in self._prep)
+
     def routes(self) -> list[dict]:
         """Each conv2d and linear node's route on this machine (plans first), in graph order:
         {"node", "op", "dtype" ("f32"/"i8"), "geometry" (what its eligibility read), "route",
-        "scratch_bytes" (its scratch in the arena at max_batch), "batch_1" (the route a batch
+        "scratch_bytes" (its scratch in the arena at max_batch), "prepared_bytes" (its weights
+        prepared in another layout so far: see prepared_bytes), "batch_1" (the route a batch
         of one takes, where the route hands it to a sibling, else absent)}. See routes/."""
         if not self._planned:
             self._plan()
@@ -237,7 +247,7 @@ class Engine:
             route = route_of(prep)
             row = {"node": node.name, "op": node.op, "dtype": dtype_of(node),
                    "geometry": geometry_of(self._ctx, node).describe(), "route": route.name,
-                   "scratch_bytes": route.scratch_bytes(prep)}
+                   "scratch_bytes": route.scratch_bytes(prep), "prepared_bytes": _prepared_in(prep)}
             one, at_1 = route_at(self._ctx, step, 1)
             one = one.with_pool(self._ctx, step, at_1, 1, step in self._pool_after)[0]
             if one is not route:
@@ -512,6 +522,15 @@ class Engine:
             self._serial(False)
             raise
 
+    def bind(self, n: int) -> None:
+        """Plan and bind batch size n without running it: what run() does first for a new
+        batch size (and where routes prepare their weights; see prepared_bytes)."""
+        if not 0 < n <= self.max_batch:
+            raise EngineError(f"batch size {n} is outside 1..{self.max_batch} (max_batch)")
+        if not self._planned:
+            self._plan()
+        self._bind(n)
+
     def warmup(self) -> None:
         """Plan now and compile (or load from the Numba cache) every kernel the plan uses."""
         if not self._planned:
@@ -543,6 +562,12 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _prepared_in(prep: dict) -> int:
+    """A prepared dict's prepared weights, its siblings' (a pitch or cols plan inside it) too."""
+    return prep.get("prepared_bytes", 0) + sum(_prepared_in(v) for v in prep.values()
+                                               if isinstance(v, dict) and "route" in v)
 
 
 def _alloc_arena(nbytes: int) -> np.ndarray:

@@ -21,8 +21,8 @@ wsum). The weights are read in place, in their (O, C*kh*kw) layout, except by ge
 - conv2d (groups 1) at stride 1 with C % 4 == 0 whose columns would be at the pitch of Wp
   anyway: no packed copy. `pad_quad` writes each image as C/4 planes of words, four channels
   a word (+128 each), and `gemm_quad` reads its tiles' rows in place, row k4 = (c4, i, j) at
-  its own offset in the planes; the weights, reordered to match, are written to the node's
-  scratch once a call (`pack_weights_quad`, a few us). Each image's pixels end in a narrow
+  its own offset in the planes; the weights, reordered to match (`pack_weights_quad`), are
+  prepared once, at the first bind (routes/conv_vnni_quad.py). Each image's pixels end in a narrow
   tile of their own, so narrow maps (packed at a pitch of Wo) keep the packed route.
 - linear with 16+ rows: `pack_rows_t` + `gemm_cols` the same way, `requant_cols_t`;
 - linear with fewer rows: `pack_rows` -> (N, Kp) u8 (room for K rounded up to 64), then

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from pocket.formats.ir import Node
 from pocket.infer.lowering_common import _EMPTY_F32
 
@@ -154,6 +156,17 @@ class Route:
 
     def __repr__(self) -> str:
         return f"<route {self.name}>"
+
+
+def prepared(d: dict, key: str, make) -> np.ndarray:
+    """d[key]: weights in the layout a kernel wants, made by make() the first time a bind
+    needs them and kept for the engine's life (not remade per call, not in the arena). Each
+    counts in d["prepared_bytes"] (Engine.prepared_bytes, `pocket inspect --routes`)."""
+    arr = d.get(key)
+    if arr is None:
+        arr = d[key] = make()
+        d["prepared_bytes"] = d.get("prepared_bytes", 0) + arr.nbytes
+    return arr
 
 
 def register(cls: type[Route]) -> type[Route]:

@@ -9,7 +9,7 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_int8 as ki
-from pocket.infer.lowering_common import _aligned, _int8_consts
+from pocket.infer.lowering_common import _int8_consts
 from pocket.infer.routes.base import Route, conv_prep, register
 from pocket.infer.routes.conv_gemm import chunked
 
@@ -17,14 +17,14 @@ from pocket.infer.routes.conv_gemm import chunked
 def int8_prep(ctx, node, name: str) -> dict:
     """What both portable int8 routes prepare: int8 constants, the chunk and its scratch.
 
-    float32 route (groups 1): weights (O, K) f32 once, then per image col (K, P) f32 and kc
-    partial sums (O, P) f32; that also covers the im2row route's (P, K) i8."""
+    float32 route (groups 1): per image col (K, P) f32 and kc partial sums (O, P) f32 (its
+    float32 weights are prepared, not scratch); that also covers the im2row route's (P, K) i8."""
     d = conv_prep(ctx, node, name)
     o, k, p, g = d["o"], d["k"], d["p"], d["groups"]
     d.update(_int8_consts(ctx, node, d["w"]))
     d["w2"] = d["w"].reshape(o, k // g)
     d["kc"] = -(-k // ki.EXACT_K)
-    d["w_bytes"] = _aligned(o * k * 4) if g == 1 else 0
+    d["w_bytes"] = 0
     return chunked(ctx, d, k * p * 4 + (d["kc"] * o * p * 4 if g == 1 else 0))
 
 

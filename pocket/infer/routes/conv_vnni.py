@@ -12,7 +12,7 @@ import numpy as np
 from pocket.infer import kernels_vnni as kv
 from pocket.infer import lowering_common as lc
 from pocket.infer.lowering_common import _aligned, _int8_consts, _tile_cols, _vnni_cols_bytes
-from pocket.infer.routes.base import Route, conv_prep, pitch_geometry, register
+from pocket.infer.routes.base import Route, conv_prep, pitch_geometry, prepared, register
 
 # A stride-1 int8 conv whose output is at most this wide packs its columns at a pitch of Wo
 # (no junk columns) rather than Wp: on 4x4 and 8x8 maps the junk (33%, 20%) cost the GEMM
@@ -49,11 +49,16 @@ def vnni_prep(ctx, node, name: str) -> dict:
     per_image = (k + 4 * o) * d["pix"] + d["padded"]
     d["chunk"] = max(1, min(ctx.max_batch, lc.VNNI_SCRATCH_BYTES * ctx.threads // per_image))
     d["k4"] = -(-k // 4)
-    # K % 4 != 0 (a first layer): the weights padded to whole 4-byte groups, per call
-    d["wpad_bytes"] = _aligned(o * d["k4"] * 4) if k % 4 else 0
+    # K % 4 != 0 (a first layer): the weights padded to whole 4-byte groups, once (bind)
     d["scratch_bytes"] = (sum(_vnni_cols_bytes(d["chunk"] * d["pix"], o, 4 * d["k4"]))
-                          + _aligned(d["chunk"] * d["padded"]) + _aligned(d["slack"]) + d["wpad_bytes"])
+                          + _aligned(d["chunk"] * d["padded"]) + _aligned(d["slack"]))
     return d
+
+
+def _pad_weights(w2: np.ndarray, k4: int) -> np.ndarray:
+    wp = np.empty((w2.shape[0], 4 * k4), np.int8)
+    kv.pad_weights(wp, w2)
+    return wp
 
 
 @register
@@ -83,11 +88,7 @@ class ConvVnni(Route):
             kh, kw, sh, sw, ph, pw, dh, dw = geom
             hp, wp = d["hp"], d["wp"]
             xpad = ctx.scratch(step, np.uint8, (m * d["padded"] + d["slack"],), xp_bytes + c_bytes)
-            w2 = d["w2"]
-            if d["wpad_bytes"]:
-                w2 = ctx.scratch(step, np.int8, (o, 4 * k4), d["scratch_bytes"] - d["wpad_bytes"])
-                if start == 0:
-                    calls.append(partial(kv.pad_weights, w2, d["w2"]))
+            w2 = d["w2"] if d["k"] % 4 == 0 else prepared(d, "w_pad", lambda: _pad_weights(d["w2"], d["k4"]))
             epi = (d["bias_u8"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
             ho, wo = y.shape[2:]
             calls += [partial(kv.pad_shift, xpad, xs.view(np.uint8), ph, pw, hp, wp,

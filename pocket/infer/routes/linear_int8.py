@@ -1,5 +1,6 @@
 """int8 linear on the portable path: with at least F32_ROUTE_ROWS rows, exact float32 BLAS GEMMs
-on the int8 codes (weights and rows converted in the node's scratch for that call, K in pieces
+on the int8 codes (the weights converted once, at the first such bind, and kept; the rows in
+the node's scratch for that call; K in pieces
 of kernels_int8.EXACT_K) and a requantizing epilogue; fewer rows take kernels_int8.gemm_q's
 int8 dot products."""
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from pocket.infer import kernels_int8 as ki
 from pocket.infer.lowering_common import F32_ROUTE_ROWS, _aligned, _int8_consts
-from pocket.infer.routes.base import Route, register
+from pocket.infer.routes.base import Route, prepared, register
 
 
 @register
@@ -25,8 +26,8 @@ class LinearInt8(Route):
         w = ctx.params[node.inputs[1]]
         o, k = w.shape
         kc = -(-k // ki.EXACT_K)
-        # float32 route scratch: weights, input rows, kc partial sums
-        sizes = (o * k * 4, ctx.max_batch * k * 4, kc * ctx.max_batch * o * 4)
+        # float32 route scratch: input rows, kc partial sums (the float32 weights are prepared)
+        sizes = (0, ctx.max_batch * k * 4, kc * ctx.max_batch * o * 4)
         scratch = sum(map(_aligned, sizes)) if ctx.max_batch >= F32_ROUTE_ROWS else 0
         return {"route": self.name, "w": w, "kc": kc, "sizes": sizes, "scratch_bytes": scratch,
                 **_int8_consts(ctx, node, w)}
@@ -40,10 +41,11 @@ class LinearInt8(Route):
             return [partial(ki.gemm_q, y.reshape(n, o, 1), x.reshape(n, 1, k), w, epi[0], epi[1], 1,
                             *epi[2:])]
         at = [0, _aligned(d["sizes"][0]), _aligned(d["sizes"][0]) + _aligned(d["sizes"][1])]
-        wf = ctx.scratch(step, np.float32, (o, k), at[0])
+        # the float32 copy of the weights made once, at the first bind of 16+ rows (kept)
+        wf = prepared(d, "wf", lambda: w.astype(np.float32))
         xf = ctx.scratch(step, np.float32, (n, k), at[1])
         yf = ctx.scratch(step, np.float32, (d["kc"], n, o), at[2])
-        calls = [partial(np.copyto, wf, w), partial(np.copyto, xf, x.reshape(n, k))]
+        calls = [partial(np.copyto, xf, x.reshape(n, k))]
         for c in range(d["kc"]):
             k0, k1 = c * ki.EXACT_K, min(k, (c + 1) * ki.EXACT_K)
             calls.append(partial(np.matmul, xf[:, k0:k1], wf[:, k0:k1].T, out=yf[c]))
