@@ -185,6 +185,42 @@ def param_counts(name: str) -> tuple[int, int]:
     return p, t
 
 
+def same_function(name: str) -> tuple[float, float]:
+    """pocket's weights copied into the torch twin (the two list their parameters in the same
+    order and shapes): the largest relative differences of the outputs and of the gradients
+    after one loss and backward, so a twin that computes something else cannot pass as one."""
+    import torch
+
+    from pocket.train import functional as F
+    from pocket.train.tensor import Tensor
+
+    net, twin = build_pocket(name).train(), build_torch(name).train()
+    pairs = list(zip(net.parameters(), twin.parameters(), strict=True))
+    with torch.no_grad():
+        for a, b in pairs:
+            b.copy_(torch.from_numpy(np.ascontiguousarray(a.data)))
+    x, y = _data(name)
+    mse = MODELS[name]["loss"] == "mse"
+    out = net(Tensor(x))
+    loss = F.mse_loss(out, Tensor(y)) if mse else F.cross_entropy(out, y)
+    net.zero_grad()
+    loss.backward()
+    t_out = twin(torch.from_numpy(x))
+    loss_fn = torch.nn.functional.mse_loss if mse else torch.nn.functional.cross_entropy
+    loss_fn(t_out, torch.from_numpy(y)).backward()
+
+    def rel(u, v) -> float:
+        return float(np.abs(u - v).max() / max(np.abs(v).max(), 1e-30))
+
+    d_out = rel(np.asarray(out.data), t_out.detach().numpy())
+    # NOTE: against the largest gradient of all, not each parameter's own: a key projection's
+    # bias has a zero gradient in exact arithmetic (softmax ignores a shift shared by a query's
+    # scores), so both sides hold rounding noise of ~1e-10 there
+    scale = max(float(np.abs(b.grad.numpy()).max()) for _, b in pairs)
+    d_grad = max(float(np.abs(np.asarray(a.grad) - b.grad.numpy()).max()) for a, b in pairs) / scale
+    return d_out, d_grad
+
+
 # --------------------------------------------------------------------------- measuring
 
 
@@ -288,8 +324,13 @@ def main() -> None:
         if p_params != t_params:
             raise SystemExit(f"Error: {name}: pocket has {p_params} parameters, the torch twin "
                              f"{t_params}; the two models differ")
+        d_out, d_grad = same_function(name)
+        if max(d_out, d_grad) > 1e-3:
+            raise SystemExit(f"Error: {name}: with the same weights the torch twin's outputs "
+                             f"differ by {d_out:.1e} and its gradients by {d_grad:.1e} (relative)")
         row = {"model": name, "batch": MODELS[name]["batch"], "threads": a.threads,
-               "params": p_params, "load_before": os.getloadavg()[0]}
+               "params": p_params, "twin_out_rel_diff": d_out, "twin_grad_rel_diff": d_grad,
+               "load_before": os.getloadavg()[0]}
         runs = {"pocket": [], "torch": []}
         for _ in range(a.repeats):
             for fw in runs:  # alternating, so a burst of load lands on both sides
