@@ -62,6 +62,13 @@ def profile(model: str, precision: str, batch: int, runs: int, threads: int) -> 
     return rows, float(np.median(whole)), len(bound.calls)
 
 
+
+def _fail(message: str) -> None:
+    """Bad input: one `Error:` line on stderr, exit 3 (the project's rule)."""
+    print(f"Error: {message}", file=sys.stderr)
+    raise SystemExit(3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="transformer", choices=sorted(sc.MODELS))
@@ -73,7 +80,7 @@ def main() -> None:
     a = ap.parse_args()
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         if os.environ.get(var) != str(a.threads):
-            sys.exit(f"Error: set {var}={a.threads} (every thread pool at --threads) and rerun")
+            _fail(f"set {var}={a.threads} (every thread pool at --threads) and rerun")
     rows, whole, n_calls = profile(a.model, a.precision, a.batch, a.runs, a.threads)
     parts = sum(r[1] for r in rows)
     print(f"{a.model} {a.precision} batch {a.batch}: {n_calls} calls, {whole * 1e3:.3f} ms a run "

@@ -306,6 +306,13 @@ def run_one(framework: str, name: str, steps: int, threads: int, profile: bool =
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+
+def _fail(message: str) -> None:
+    """Bad input: one `Error:` line on stderr, exit 3 (the project's rule)."""
+    print(f"Error: {message}", file=sys.stderr)
+    raise SystemExit(3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tcn,ssm,transformer")
@@ -322,11 +329,11 @@ def main() -> None:
     for name in a.models.split(","):
         p_params, t_params = param_counts(name)
         if p_params != t_params:
-            raise SystemExit(f"Error: {name}: pocket has {p_params} parameters, the torch twin "
+            _fail(f"{name}: pocket has {p_params} parameters, the torch twin "
                              f"{t_params}; the two models differ")
         d_out, d_grad = same_function(name)
         if max(d_out, d_grad) > 1e-3:
-            raise SystemExit(f"Error: {name}: with the same weights the torch twin's outputs "
+            _fail(f"{name}: with the same weights the torch twin's outputs "
                              f"differ by {d_out:.1e} and its gradients by {d_grad:.1e} (relative)")
         row = {"model": name, "batch": MODELS[name]["batch"], "threads": a.threads,
                "params": p_params, "twin_out_rel_diff": d_out, "twin_grad_rel_diff": d_grad,

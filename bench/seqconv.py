@@ -122,6 +122,13 @@ def measure(model: str, threads: int, prec: str, repeats: int, budget: float) ->
     return rows
 
 
+
+def _fail(message: str) -> None:
+    """Bad input: one `Error:` line on stderr, exit 3 (the project's rule)."""
+    print(f"Error: {message}", file=sys.stderr)
+    raise SystemExit(3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -140,7 +147,7 @@ def main() -> None:
     names = args.models.split(",")
     unknown = sorted(set(names) - set(MODELS))
     if unknown:
-        raise SystemExit(f"Error: unknown model(s) {', '.join(unknown)}; choose from "
+        _fail(f"unknown model(s) {', '.join(unknown)}; choose from "
                          f"{', '.join(MODELS)}")
     rows = []
     for model in names:
