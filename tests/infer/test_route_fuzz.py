@@ -40,8 +40,8 @@ from pocket.infer import kernels_fma, kernels_vnni
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 WORKER = HERE / "route_fuzz.py"
-# NOTE: 100 by default (was 210): the four fuzz workers were ~40% of the suite's time on CI's
-# two cores; every route is still reached (the tests below assert it)
+# NOTE: 100 by default (was 210; the native int8 worker keeps 210): the fuzz workers were ~40%
+# of the suite's time on CI's two cores; every route is still reached (the tests assert it)
 EXAMPLES = int(os.environ.get("POCKET_FUZZ_EXAMPLES", "100"))
 SEED = os.environ.get("POCKET_FUZZ_SEED")
 PORTABLE = {"POCKET_FP32_FMA": "0", "POCKET_INT8_VNNI": "0"}
@@ -102,7 +102,9 @@ def _skip_known() -> tuple[str, ...]:
 def test_native_routes_match_reference(dtype):
     if not (kernels_fma.AVAILABLE if dtype == "f32" else kernels_vnni.AVAILABLE):
         pytest.skip("this CPU has no AVX-512" + (" VNNI" if dtype == "i8" else ""))
-    done = run_worker(dtype, EXAMPLES, {}, *_skip_known())
+    # NOTE: int8 on VNNI at the old 210 cases: at 100 and 150 no case reached the chained
+    # linears' requant_cols_pack
+    done = run_worker(dtype, EXAMPLES * 21 // 10 if dtype == "i8" else EXAMPLES, {}, *_skip_known())
     missing = _missing(done, NATIVE_ROUTES[dtype], KERNELS[dtype] | NATIVE_KERNELS[dtype])
     assert not missing, f"the fuzz cases never reached {missing}: {done}"
 
