@@ -642,9 +642,16 @@ def bias_act_pitch(out, y, pitch, istride, b, act, alpha):
     mp = y.shape[1]
     yf, of = y.reshape(-1), out.reshape(-1)
     has_bias = b.shape[0] > 0
+    whole = pitch == wo  # (a 1x1 conv: each plane's rows are one contiguous run)
     for r in prange(n * o):
         bi, oc = r // o, r % o
         bo = b[oc] if has_bias else np.float32(0.0)
+        if whole and act not in (0, 1, 9):
+            # NOTE: one act_run call a plane, not a row (MobileNetV3/EfficientNet's expand
+            # convs: their hardswish/SiLU rows of 7-28 pixels ran in scalar remainders)
+            act_run(of, np.uint64(r * ho * wo), yf, np.uint64(oc * mp + bi * istride), ho * wo,
+                    bo, act, alpha)
+            continue
         for oh in range(ho):
             src = np.uint64(oc * mp + bi * istride + oh * pitch)
             dst = np.uint64((r * ho + oh) * wo)

@@ -70,3 +70,19 @@ def test_exp32_relative_error():
     out = np.empty_like(edge)
     run(out, edge)
     assert np.isnan(out[0]) and out[1] == np.inf and 0 < out[2] < 3e-38 and out[3] == np.inf
+
+
+@pytest.mark.parametrize("pitch_pad", [0, 2])
+def test_bias_act_pitch_planes_and_rows(pitch_pad):
+    """The pitch epilogue: at pitch == Wo (a 1x1 conv) one call a plane, else one a row."""
+    n, o, ho, wo = 2, 3, 5, 7
+    pitch = wo + pitch_pad
+    istride = ho * pitch + 3  # each image's columns, then junk up to the next one
+    y = RNG.standard_normal((o, n * istride)).astype(np.float32) * 4
+    b = RNG.standard_normal(o).astype(np.float32)
+    out = np.full((n, o, ho, wo), np.nan, np.float32)
+    kf.bias_act_pitch.serial(out, y, pitch, istride, b, kf.ACT["silu"], 0.0)
+    rows = np.stack([y[:, i * istride:i * istride + ho * pitch].reshape(o, ho, pitch)[:, :, :wo]
+                     for i in range(n)])
+    exact = _formula("silu", (rows + b.reshape(1, o, 1, 1)).astype(np.float64))
+    assert np.all(np.abs(out - exact) <= 4 * np.spacing(np.abs(exact).astype(np.float32)) + 1e-36)
