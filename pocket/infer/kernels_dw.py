@@ -169,18 +169,25 @@ def dw_conv(out, x, w, b, sh, sw, ph, pw, dh, dw, act, alpha):
     xf, of, wf = x.reshape(-1), out.reshape(-1), w.reshape(-1)
     for nc in prange(n * c):
         ch = nc % c
-        xb, ob, wb = nc * h * wd, nc * ho * wo, ch * kh * kw
         bo = b[ch] if has_bias else np.float32(0.0)
-        if kh == 3 and kw == 3 and sw == 1:
-            _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 3, 3, 1)
-        elif kh == 3 and kw == 3 and sw == 2:
-            _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 3, 3, 2)
-        elif kh == 5 and kw == 5 and sw == 1:
-            _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 5, 5, 1)
-        elif kh == 5 and kw == 5 and sw == 2:
-            _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 5, 5, 2)
-        else:
-            _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 0, 0, 0)
+        _dw_plane_f32(of, nc * ho * wo, xf, nc * h * wd, wf, ch * kh * kw, bo, g, box, ho, act, alpha)
+
+
+# NOTE: not inlined: the prange loop above then compiles a call, not five unrolled planes
+# (compiling the parallel twin took minutes)
+@njit(cache=True)
+def _dw_plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha):
+    kh, kw, sw = g[3], g[4], g[6]
+    if kh == 3 and kw == 3 and sw == 1:
+        _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 3, 3, 1)
+    elif kh == 3 and kw == 3 and sw == 2:
+        _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 3, 3, 2)
+    elif kh == 5 and kw == 5 and sw == 1:
+        _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 5, 5, 1)
+    elif kh == 5 and kw == 5 and sw == 2:
+        _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 5, 5, 2)
+    else:
+        _plane_f32(of, ob, xf, xb, wf, wb, bo, g, box, ho, act, alpha, 0, 0, 0)
 
 
 # --------------------------------------------------------------------------- int8
@@ -263,20 +270,25 @@ def dw_conv_q(out, x, w, b, m, x_zp, to_int8, y_zp, lo, relu, sh, sw, ph, pw, dh
     zp = np.int64(x_zp)
     for nc in prange(n * c):
         ch = nc % c
-        xb, ob, wb = nc * h * wd, nc * ho * wo, ch * kh * kw
         bq = np.int64(b[ch]) if has_bias else np.int64(0)
         epi = (m[ch], y_zp, lo, to_int8, relu)
-        if kh == 3 and kw == 3 and sw == 1:
-            _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 3, 3, 1)
-        elif kh == 3 and kw == 3 and sw == 2:
-            _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 3, 3, 2)
-        elif kh == 5 and kw == 5 and sw == 1:
-            _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 5, 5, 1)
-        elif kh == 5 and kw == 5 and sw == 2:
-            _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 5, 5, 2)
-        else:
-            _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 0, 0, 0)
+        _dw_plane_q(of, nc * ho * wo, xf, nc * h * wd, wf, ch * kh * kw, bq, g, box, ho, zp, epi)
 
+
+@njit(cache=True)
+def _dw_plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi):
+    """`_dw_plane_f32` for int8 (not inlined, for the same reason)."""
+    kh, kw, sw = g[3], g[4], g[6]
+    if kh == 3 and kw == 3 and sw == 1:
+        _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 3, 3, 1)
+    elif kh == 3 and kw == 3 and sw == 2:
+        _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 3, 3, 2)
+    elif kh == 5 and kw == 5 and sw == 1:
+        _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 5, 5, 1)
+    elif kh == 5 and kw == 5 and sw == 2:
+        _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 5, 5, 2)
+    else:
+        _plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi, 0, 0, 0)
 
 
 # --------------------------------------------------------------------------- padded planes
@@ -407,38 +419,46 @@ def _parts(tasks, parts, part):
 def dw_conv_padded(out, x, w, b, xp_all, tmp_all, sh, ph, pw, dh, dw, act, alpha):
     """dw_conv for the geometries of padded_fast: xp_all (parts, padded_sizes[0]) and
     tmp_all (parts, padded_sizes[1]) float32 scratch, one row a part (a thread's planes)."""
+    parts = xp_all.shape[0]
+    for part in prange(parts):
+        lo, hi = _parts(x.shape[0] * x.shape[1], parts, part)
+        _padded_part_f32(out, x, w, b, xp_all[part], tmp_all[part], lo, hi, sh, ph, pw, dh, dw,
+                         act, alpha)
+
+
+# NOTE: a part's planes in a function of their own, not inlined: the prange loops above and
+# below then compile a call, not four unrolled flat loops each (the parallel twin's compile
+# took most of a minute)
+@njit(cache=True, fastmath={"contract"})
+def _padded_part_f32(out, x, w, b, xp, tmp, lo, hi, sh, ph, pw, dh, dw, act, alpha):
     n, c, h, wd = x.shape
     kh = w.shape[2]
     ho, wo = out.shape[2], out.shape[3]
     pitch, plane, n_out = _layout(h, wd, ho, wo, sh, ph, pw)
     has_bias = b.shape[0] > 0
     xf, of, wf = x.reshape(-1), out.reshape(-1), w.reshape(-1)
-    parts = xp_all.shape[0]
-    for part in prange(parts):
-        xp, tmp = xp_all[part], tmp_all[part]
-        xp[:] = 0.0
-        lo, hi = _parts(n * c, parts, part)
-        for nc in range(lo, hi):
-            ch = nc % c
-            _pad_plane(xp, xf, nc * h * wd, h, wd, ph, pw, pitch, plane, sh)
-            bo = b[ch] if has_bias else np.float32(0.0)
-            if kh == 3 and sh == 1:
-                _flat_f32(tmp, xp, wf, ch * 9, bo, n_out, pitch, plane, dh, dw, 3, 3, 1)
-            elif kh == 3:
-                _flat_f32(tmp, xp, wf, ch * 9, bo, n_out, pitch, plane, dh, dw, 3, 3, 2)
-            elif sh == 1:
-                _flat_f32(tmp, xp, wf, ch * 25, bo, n_out, pitch, plane, dh, dw, 5, 5, 1)
-            else:
-                _flat_f32(tmp, xp, wf, ch * 25, bo, n_out, pitch, plane, dh, dw, 5, 5, 2)
-            # NOTE: the activation over the flat outputs, junk columns and all: one long
-            # vector loop, where along 7- to 14-wide rows SiLU ran mostly in scalar remainders
-            if act != 0:
-                act_inplace(tmp, 0, n_out, np.float32(0.0), act, alpha)
-            ob = nc * ho * wo
-            for oh in range(ho):
-                src, dst = oh * pitch, ob + oh * wo
-                for ow in range(wo):
-                    of[np.uint64(dst + ow)] = tmp[np.uint64(src + ow)]
+    xp[:] = 0.0
+    for nc in range(lo, hi):
+        ch = nc % c
+        _pad_plane(xp, xf, nc * h * wd, h, wd, ph, pw, pitch, plane, sh)
+        bo = b[ch] if has_bias else np.float32(0.0)
+        if kh == 3 and sh == 1:
+            _flat_f32(tmp, xp, wf, ch * 9, bo, n_out, pitch, plane, dh, dw, 3, 3, 1)
+        elif kh == 3:
+            _flat_f32(tmp, xp, wf, ch * 9, bo, n_out, pitch, plane, dh, dw, 3, 3, 2)
+        elif sh == 1:
+            _flat_f32(tmp, xp, wf, ch * 25, bo, n_out, pitch, plane, dh, dw, 5, 5, 1)
+        else:
+            _flat_f32(tmp, xp, wf, ch * 25, bo, n_out, pitch, plane, dh, dw, 5, 5, 2)
+        # NOTE: the activation over the flat outputs, junk columns and all: one long
+        # vector loop, where along 7- to 14-wide rows SiLU ran mostly in scalar remainders
+        if act != 0:
+            act_inplace(tmp, 0, n_out, np.float32(0.0), act, alpha)
+        ob = nc * ho * wo
+        for oh in range(ho):
+            src, dst = oh * pitch, ob + oh * wo
+            for ow in range(wo):
+                of[np.uint64(dst + ow)] = tmp[np.uint64(src + ow)]
 
 
 @kernel
@@ -449,37 +469,43 @@ def dw_conv_padded_q(out, x, w, b, xp_all, acc_all, tmp_all, m, x_zp, to_int8, y
     out's dtype (the flat outputs after the epilogue).
     The padding holds x_zp, so every tap reads x_q and
     acc = (b_q - x_zp * sum(w_q)) + sum(x_q * w_q), exactly dw_conv_q's."""
+    parts = xp_all.shape[0]
+    for part in prange(parts):
+        first, last = _parts(x.shape[0] * x.shape[1], parts, part)
+        _padded_part_q(out, x, w, b, xp_all[part], acc_all[part], tmp_all[part], first, last, m,
+                       x_zp, to_int8, y_zp, lo, relu, sh, ph, pw, dh, dw)
+
+
+@njit(cache=True)
+def _padded_part_q(out, x, w, b, xp, acc, tmp, first, last, m, x_zp, to_int8, y_zp, lo, relu,
+                   sh, ph, pw, dh, dw):
     n, c, h, wd = x.shape
     kh, kw = w.shape[2], w.shape[3]
     ho, wo = out.shape[2], out.shape[3]
     pitch, plane, n_out = _layout(h, wd, ho, wo, sh, ph, pw)
     has_bias = b.shape[0] > 0
     xf, of, wf = x.reshape(-1), out.reshape(-1), w.reshape(-1)
-    parts = xp_all.shape[0]
     zp = np.int64(x_zp)
-    for part in prange(parts):
-        xp, acc, tmp = xp_all[part], acc_all[part], tmp_all[part]
-        xp[:] = np.int8(x_zp)
-        first, last = _parts(n * c, parts, part)
-        for nc in range(first, last):
-            ch = nc % c
-            _pad_plane(xp, xf, nc * h * wd, h, wd, ph, pw, pitch, plane, sh)
-            wb = ch * kh * kw
-            wsum = np.int64(0)
-            for t in range(kh * kw):
-                wsum += np.int64(wf[wb + t])
-            badj = (np.int64(b[ch]) if has_bias else np.int64(0)) - zp * wsum
-            if kh == 3 and sh == 1:
-                _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 3, 3, 1)
-            elif kh == 3:
-                _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 3, 3, 2)
-            elif sh == 1:
-                _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 5, 5, 1)
-            else:
-                _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 5, 5, 2)
-            _flat_epilogue(tmp, acc, n_out, badj, (m[ch], y_zp, lo, to_int8, relu))
-            ob = nc * ho * wo
-            for oh in range(ho):
-                src, dst = oh * pitch, ob + oh * wo
-                for ow in range(wo):
-                    of[np.uint64(dst + ow)] = tmp[np.uint64(src + ow)]
+    xp[:] = np.int8(x_zp)
+    for nc in range(first, last):
+        ch = nc % c
+        _pad_plane(xp, xf, nc * h * wd, h, wd, ph, pw, pitch, plane, sh)
+        wb = ch * kh * kw
+        wsum = np.int64(0)
+        for t in range(kh * kw):
+            wsum += np.int64(wf[wb + t])
+        badj = (np.int64(b[ch]) if has_bias else np.int64(0)) - zp * wsum
+        if kh == 3 and sh == 1:
+            _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 3, 3, 1)
+        elif kh == 3:
+            _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 3, 3, 2)
+        elif sh == 1:
+            _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 5, 5, 1)
+        else:
+            _flat_q(acc, xp, wf, wb, n_out, pitch, plane, dh, dw, 5, 5, 2)
+        _flat_epilogue(tmp, acc, n_out, badj, (m[ch], y_zp, lo, to_int8, relu))
+        ob = nc * ho * wo
+        for oh in range(ho):
+            src, dst = oh * pitch, ob + oh * wo
+            for ow in range(wo):
+                of[np.uint64(dst + ow)] = tmp[np.uint64(src + ow)]
