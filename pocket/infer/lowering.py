@@ -1,7 +1,8 @@
 """How each IR op becomes kernel calls: the engine's per-op preparation and builders.
 
-A prepare function runs once at load: kernel-friendly views of the weights (never copies),
-int8 constants, and the node's scratch size in the arena. A builder binds one node to the
+A prepare function runs once at load: kernel-friendly views of the weights (a copy only where a
+route needs another layout, made once: routes.base.prepared), int8 constants, and the node's
+scratch size in the arena. A builder binds one node to the
 arena views of one batch size and returns the calls to make, in order (partials of Numba
 kernels or of NumPy's BLAS matmul with out=). See engine.py for the plan and the arena.
 """
@@ -17,10 +18,11 @@ from pocket.formats import ops
 from pocket.formats.ir import Node
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
+from pocket.infer import kernels_pool as kp
 from pocket.infer import lowering_seqattn, lowering_spiking, lowering_vision, routes
 from pocket.infer.lowering_common import _pool_geom
 from pocket.infer.lowering_conv import _b_conv2d, _prep_conv2d, fusable_pools, padded_pairs
-from pocket.infer.plan import PlanContext
+from pocket.infer.plan import NP_DTYPES, PlanContext
 from pocket.infer.routes.base import route_at
 from pocket.infer.routes.linear_chain import CHAIN_ROWS, chained_linears
 
@@ -36,7 +38,18 @@ def _prep_linear(ctx: PlanContext, node: Node) -> dict:
     return routes.prepare(ctx, node)
 
 
-PREPARE = {"linear": _prep_linear, "conv2d": _prep_conv2d, **lowering_seqattn.PREPARE,
+def _prep_maxpool2d(ctx: PlanContext, node: Node) -> dict:
+    """kernels_pool.maxpool_sep's row buffers: one a thread."""
+    kh, kw, sh, sw, ph, pw = _pool_geom(node.attrs)
+    w, wo = ctx.sample[node.inputs[0]][2], ctx.sample[node.outputs[0]][2]
+    width = kp.row_width(w, wo, kw, sw, pw)
+    rows = max(1, ctx.threads)
+    itemsize = np.dtype(NP_DTYPES[ctx.infos[node.inputs[0]].dtype]).itemsize
+    return {"pool_rows": (rows, width), "scratch_bytes": rows * width * itemsize}
+
+
+PREPARE = {"linear": _prep_linear, "conv2d": _prep_conv2d, "maxpool2d": _prep_maxpool2d,
+           **lowering_seqattn.PREPARE,
            **lowering_spiking.PREPARE}
 
 
@@ -54,7 +67,14 @@ def _b_unary(ctx: PlanContext, step: int, node: Node, n: int) -> list:
 
 def _b_maxpool2d(ctx, step, node, n):
     x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
-    return [partial(kf.maxpool2d, y, x, *_pool_geom(node.attrs))]
+    rows, width = ctx.prep[step]["pool_rows"]
+    planes = n * x.shape[1]
+    parts = min(rows, ctx.threads, planes)
+    if not ctx.parallel(planes * x.shape[2] * x.shape[3] * node.attrs["kernel"][0]):
+        parts = 1
+    buf = ctx.scratch(step, x.dtype, (parts, width))
+    lowest = x.dtype.type(np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf)
+    return [partial(kp.maxpool_sep, y, x, buf, *_pool_geom(node.attrs), lowest)]
 
 
 def _b_avgpool2d(ctx, step, node, n):

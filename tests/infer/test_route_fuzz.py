@@ -83,7 +83,7 @@ PORTABLE_ROUTES = {
 NATIVE_ROUTES["f32"] = PORTABLE_ROUTES["f32"] | {"conv_fma_pitch", "conv_fma_cols", "conv_winograd_fused",
                                                  "linear_fma", "linear_gemv"}
 NATIVE_ROUTES["i8"] = PORTABLE_ROUTES["i8"] | {"conv_vnni", "conv_vnni_quad", "linear_vnni"}
-KERNELS = {"f32": {"maxpool2d", "avgpool2d", "global_avgpool", "bias_act_pool"}, "i8": {"maxpool2d"}}
+KERNELS = {"f32": {"maxpool_sep", "avgpool2d", "global_avgpool", "bias_act_pool"}, "i8": {"maxpool_sep"}}
 NATIVE_KERNELS = {"f32": {"gemm_pool2_pitch", "gemm_pool2_padded", "gemm_rows", "bias_act_sum"},
                   "i8": {"requant_cols_pool", "requant_cols_pack", "pack_quad_cols", "gemm_quad"}}
 

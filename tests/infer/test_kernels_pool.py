@@ -1,0 +1,67 @@
+"""kernels_pool.maxpool_sep against a naive NumPy twin and formats/reference.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pocket.formats import reference as ref
+from pocket.infer import kernels_pool as kp
+
+RNG = np.random.default_rng(7)
+
+# (kh, kw, sh, sw, ph, pw): the 3x3/2 and 2x2/2 fast paths, padded and not, and general ones
+GEOMS = [(3, 3, 2, 2, 1, 1), (3, 3, 2, 2, 0, 0), (2, 2, 2, 2, 0, 0), (3, 2, 1, 2, 1, 1),
+         (1, 1, 2, 2, 0, 0), (2, 3, 2, 1, 0, 1), (5, 5, 3, 3, 2, 2), (3, 1, 1, 1, 1, 0)]
+
+
+def naive_maxpool(x, kh, kw, sh, sw, ph, pw):
+    """Each window's max, the padding at the dtype's lowest value, NaN propagating."""
+    low = np.iinfo(x.dtype).min if x.dtype.kind == "i" else -np.inf
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=low)
+    ho = (x.shape[2] + 2 * ph - kh) // sh + 1
+    wo = (x.shape[3] + 2 * pw - kw) // sw + 1
+    out = np.empty(x.shape[:2] + (ho, wo), x.dtype)
+    for i in range(ho):
+        for j in range(wo):
+            win = xp[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw].reshape(*x.shape[:2], -1)
+            out[:, :, i, j] = np.maximum.reduce(win, axis=2)
+    return out
+
+
+def _input(dtype, shape):
+    if dtype == np.int8:
+        x = RNG.integers(-128, 128, shape).astype(np.int8)
+        x.reshape(-1)[:2] = (-128, 127)
+        return x
+    x = RNG.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[RNG.choice(flat.size, 3, replace=False)] = (np.nan, np.inf, -np.inf)
+    return x
+
+
+@pytest.mark.parametrize("geom", GEOMS, ids=lambda g: "k{}x{}s{}{}p{}{}".format(*g))
+@pytest.mark.parametrize("dtype", [np.float32, np.int8], ids=["f32", "i8"])
+@pytest.mark.parametrize("shape", [(2, 3, 7, 9), (1, 2, 5, 4)])
+def test_maxpool_sep_matches_naive(geom, dtype, shape):
+    kh, kw, sh, sw, ph, pw = geom
+    if shape[2] + 2 * ph < kh or shape[3] + 2 * pw < kw:
+        pytest.skip("window larger than the padded map")
+    x = _input(dtype, shape)
+    want = naive_maxpool(x, *geom)
+    attrs = {"kernel": [kh, kw], "stride": [sh, sw], "padding": [ph, pw]}
+    np.testing.assert_array_equal(want, ref.maxpool2d(attrs, x))
+    lowest = dtype(-128) if dtype == np.int8 else np.float32(-np.inf)
+    width = kp.row_width(shape[3], want.shape[3], kw, sw, pw)
+    planes = shape[0] * shape[1]
+    for parts, kernel in ((1, kp.maxpool_sep.serial), (2, kp.maxpool_sep), (planes, kp.maxpool_sep.serial)):
+        rows = np.full((parts, width), 5, dtype)  # junk: the kernel writes what it reads
+        out = np.full(want.shape, 3, dtype)
+        kernel(out, x, rows, *geom, lowest)
+        np.testing.assert_array_equal(out, want, err_msg=f"{parts} parts")
+
+
+def test_row_width_covers_every_window():
+    for w, kw, sw, pw in ((9, 3, 2, 1), (8, 3, 2, 0), (5, 5, 3, 2), (1, 1, 2, 0)):
+        wo = (w + 2 * pw - kw) // sw + 1
+        assert kp.row_width(w, wo, kw, sw, pw) >= max((wo - 1) * sw + kw, w + 2 * pw)
