@@ -507,7 +507,7 @@ MONOTONE_ACTS = ops.monotone_codes()  # non-decreasing (leaky_relu: alpha >= 0):
 @kernel
 def bias_act_pool(out, y, rb, cb, wd, kh, kw, sh, sw, b, act, alpha):
     """y 2-D as in bias_act, rows of H*W with row width wd -> out (N, O, Ho, Wo) =
-    maxpool(act(y + b)), unpadded.
+    maxpool(act(y + b)), unpadded. y is scratch: a pool other than 2x2/2 overwrites it.
 
     NOTE: exact for a non-decreasing activation: float32 rounding of v + b and the activation
     preserve order, so the max can be taken before them; one activation per output.
@@ -522,7 +522,8 @@ def bias_act_pool(out, y, rb, cb, wd, kh, kw, sh, sw, b, act, alpha):
 
 @njit(cache=True)
 def _pool_plane(d, row, wd, kh, kw, sh, sw, bo, act, alpha):
-    """d (Ho, Wo) = maxpool(act(row + bo)) of one plane, its pixel (i, j) at row[i*wd + j]."""
+    """d (Ho, Wo) = maxpool(act(row + bo)) of one plane, its pixel (i, j) at row[i*wd + j];
+    row is scratch (overwritten, but for a 2x2/2 pool)."""
     ho, wo = d.shape
     if kh == 2 and kw == 2 and sh == 2 and sw == 2:
         # NOTE: the common 2x2/2 pool with its window unrolled: on 4x4 outputs the rows below
@@ -537,17 +538,28 @@ def _pool_plane(d, row, wd, kh, kw, sh, sw, bo, act, alpha):
                 else:
                     d[oh, ow] = activate(np.float64(v), act, alpha)
         return
+    # Separable, in place: the max over the window's rows goes into its first row, which no
+    # later window reads (they start lower); then the max along that row per window column.
+    # NOTE: on squeezenet's 3x3/2 over 64 x 111 x 111 the max per window cell took 1.6 ms
+    cols = (wo - 1) * sw + kw
     for oh in range(ho):
         r = d[oh]
-        base = oh * sh * wd
-        # NOTE: unsigned indices let LLVM vectorize the strided max (see im2col)
-        for ow in range(wo):
-            r[ow] = row[np.uint64(base + ow * sw)]
-        for i in range(kh):
-            for j in range(kw):
-                s0 = base + i * wd + j
+        base = np.uint64(oh * sh * wd)
+        for i in range(1, kh):
+            s0 = base + np.uint64(i * wd)
+            for j in range(cols):
+                row[base + np.uint64(j)] = nanmax(row[base + np.uint64(j)], row[s0 + np.uint64(j)])
+        if kw == 3 and sw == 2:
+            for ow in range(wo):
+                a = base + np.uint64(2 * ow)
+                r[ow] = nanmax(nanmax(row[a], row[a + np.uint64(1)]), row[a + np.uint64(2)])
+        else:
+            # NOTE: unsigned indices let LLVM vectorize the strided max (see im2col)
+            for ow in range(wo):
+                r[ow] = row[base + np.uint64(ow * sw)]
+            for j in range(1, kw):
                 for ow in range(wo):
-                    r[ow] = nanmax(r[ow], row[np.uint64(s0 + ow * sw)])
+                    r[ow] = nanmax(r[ow], row[base + np.uint64(ow * sw + j)])
         bias_act_run(r, r, wo, bo, act, alpha)
 
 
