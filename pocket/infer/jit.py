@@ -16,13 +16,15 @@ import types
 from numba import njit
 
 
-def kernel(fn=None, *, contract: bool = False):
+def kernel(fn=None, *, contract: bool = False, reassoc: bool = False):
     """contract=True lets LLVM fuse a multiply and an add into one FMA (one rounding, not
     two: the float32 results move by rounding only), nothing else of fast-math: NaN and
-    infinities keep IEEE semantics. Without FMA, x86 runs a multiply and an add per tap."""
+    infinities keep IEEE semantics. Without FMA, x86 runs a multiply and an add per tap.
+    reassoc=True lets it reorder a sum (a float64 reduction then runs on vector lanes: the
+    sum moves by float64 rounding only), again nothing else."""
     if fn is None:
-        return lambda f: kernel(f, contract=contract)
-    math = {"contract"} if contract else False
+        return lambda f: kernel(f, contract=contract, reassoc=reassoc)
+    math = {flag for flag, on in (("contract", contract), ("reassoc", reassoc)) if on} or False
     twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial",
                               fn.__defaults__, fn.__closure__)
     # NOTE: its own qualified name, so the twins keep separate entries in the on-disk cache

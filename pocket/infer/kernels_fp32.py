@@ -447,9 +447,13 @@ def avgpool2d(out, x, kh, kw, sh, sw, ph, pw, count_include_pad):
                 out[b, ch, oh, ow] = acc / (kh * kw if count_include_pad else cnt)
 
 
-@kernel
+@kernel(reassoc=True)
 def global_avgpool(out, x):
-    """x (N, C, P) -> out (N, C), mean over P in float64."""
+    """x (N, C, P) -> out (N, C), mean over P in float64.
+
+    NOTE: reassoc lets LLVM sum on vector lanes (in order, the float64 adds ran one at a
+    time: EfficientNet-B0's 17 pools took 1.8 ms, one of 96 x 112 x 112 0.86, now 0.18); the
+    sum moves by float64 rounding, far below the float32 result's."""
     n, c, p = x.shape
     for nc in prange(n * c):
         acc = 0.0

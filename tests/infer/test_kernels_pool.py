@@ -65,3 +65,21 @@ def test_row_width_covers_every_window():
     for w, kw, sw, pw in ((9, 3, 2, 1), (8, 3, 2, 0), (5, 5, 3, 2), (1, 1, 2, 0)):
         wo = (w + 2 * pw - kw) // sw + 1
         assert kp.row_width(w, wo, kw, sw, pw) >= max((wo - 1) * sw + kw, w + 2 * pw)
+
+
+@pytest.mark.parametrize("p", [1, 7, 1000])
+def test_global_avgpool_sums_in_float64(p):
+    """The reassociated (vector-lane) float64 sum: within a float32 rounding of the float64
+    mean, also where a float32 sum would lose digits (a large offset); NaN and inf pass."""
+    from pocket.infer import kernels_fp32 as kf
+
+    x = (1e4 + RNG.standard_normal((2, 5, p))).astype(np.float32)
+    x[0, 1, p // 2] = np.nan
+    x[1, 2, 0] = np.inf
+    want = x.astype(np.float64).mean(axis=2)
+    for kernel in (kf.global_avgpool, kf.global_avgpool.serial):
+        out = np.empty((2, 5), np.float32)
+        kernel(out, x)
+        assert np.isnan(out[0, 1]) and out[1, 2] == np.inf
+        ok = np.isfinite(want)
+        assert np.all(np.abs(out[ok] - want[ok]) <= np.spacing(np.float32(want[ok])))
