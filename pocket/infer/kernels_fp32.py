@@ -114,7 +114,9 @@ def exp32(x):
     return (p * np.float32(2.0)) * _f32_from_bits((np.int32(n) + np.int32(126)) << np.int32(23))
 
 
-@njit(cache=True)
+# NOTE: contract (FMA contraction only, see jit.kernel): exp32's polynomial as FMAs ran SiLU at
+# 0.51 ns an element, 0.87 without; the results move by float32 rounding only
+@njit(cache=True, fastmath={"contract"})
 def act_run(dst, d0, src, s0, n, bo, act, alpha):
     """dst[d0 + i] = activation(src[s0 + i] + bo) for i < n, dst and src apart (in place:
     act_inplace): one loop per activation, so each vectorizes: none/ReLU/relu6
@@ -127,7 +129,7 @@ def act_run(dst, d0, src, s0, n, bo, act, alpha):
     _act_loops(dst, d0, src, s0, n, bo, act, alpha)
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath={"contract"})
 def act_inplace(a, a0, n, bo, act, alpha):
     """act_run on the same elements: a[a0 + i] = activation(a[a0 + i] + bo).
 
