@@ -64,70 +64,92 @@ _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VF, _VI = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
 
 
-def _make_tile(nv: int, nr: int = TILE_O):
+def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False):
     """c[r, 0:16nv] (+)= sum over k < nk of w[r, k] * x[offs[k] : offs[k] + 16nv] for r < rows
     (1..nr).
 
     Addresses in bytes: w (rows of ldw, float32), x (the tile's first pixel), offs (int64 byte
     offsets from x, one per k), c (rows of ldc). With acc != 0 the sums start from c. With
     bias != 0 (the address of row 0's bias) c gets the sums + bias, then a ReLU if relu != 0.
+    masked (nv = 1): a 12th argument cnt (1..16) is the tile's pixels; the lanes past it are
+    neither read (x, c) nor written (a GEMM's last pixels, when m is not a multiple of 16).
     """
+
+    def codegen(context, builder, signature, args):
+        w, ldw, x, offs, nk, c, ldc, acc, rows, bias, relu = args[:11]
+        if masked:
+            lanes = _lanes_below(builder, args[11])
+            ld, st = _masked_io(builder, _VF, 4)
+
+            def load(addr):
+                return ld(addr, lanes)
+
+            def store(val, addr):
+                st(val, addr, lanes)
+        else:
+            def load(addr):
+                return builder.load(_ptr(builder, addr, _VF), align=4)
+
+            def store(val, addr):
+                builder.store(val, _ptr(builder, addr, _VF), align=4)
+
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
+                                             "llvm.fma.v16f32")
+        start = builder.icmp_signed("!=", acc, _const(0))
+        c_at = [[builder.add(_row_at(builder, c, r, rows, ldc), _const(64 * v)) for v in range(nv)]
+                for r in range(nr)]
+        init = [builder.select(start, load(a), ir.Constant(_VF, None)) for row in c_at for a in row]
+        w_at = [_row_at(builder, w, r, rows, ldw) for r in range(nr)]
+
+        def step(i, accs):
+            off = builder.load(_ptr(builder, builder.add(offs, builder.mul(i, _const(8))), _I64),
+                               align=8)
+            xa = builder.add(x, off)
+            xs = [load(builder.add(xa, _const(64 * v))) for v in range(nv)]
+            k4 = builder.mul(i, _const(4))
+            out = []
+            for r in range(nr):
+                s = builder.load(_ptr(builder, builder.add(w_at[r], k4), _F32), align=4)
+                wb = _splat(builder, s, _VF)
+                out += [builder.call(fma, [wb, xs[v], accs[r * nv + v]]) for v in range(nv)]
+            return out
+
+        final = _loop(builder, nk, init, step)
+
+        def store_all(epilogue):
+            for r in range(nr):
+                with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+                    if epilogue:
+                        bo = builder.load(_ptr(builder, builder.add(bias, _const(4 * r)), _F32), align=4)
+                    for v in range(nv):
+                        val = final[r * nv + v]
+                        if epilogue:
+                            val = _bias_relu(builder, val, bo, relu)
+                        store(val, c_at[r][v])
+
+        with builder.if_else(builder.icmp_signed("!=", bias, _const(0))) as (then, otherwise):
+            with then:
+                store_all(True)
+            with otherwise:
+                store_all(False)
+        return context.get_dummy_value()
+
+    if masked:
+        @intrinsic
+        def tile_masked(typingctx, w, ldw, x, offs, nk, c, ldc, acc, rows, bias, relu, cnt):
+            return types.void(*[types.intp] * 12), codegen
+
+        return tile_masked
 
     @intrinsic
     def tile(typingctx, w, ldw, x, offs, nk, c, ldc, acc, rows, bias, relu):
-        sig = types.void(*[types.intp] * 11)
-
-        def codegen(context, builder, signature, args):
-            w, ldw, x, offs, nk, c, ldc, acc, rows, bias, relu = args
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
-                                                 "llvm.fma.v16f32")
-            start = builder.icmp_signed("!=", acc, _const(0))
-            c_at = [[builder.add(_row_at(builder, c, r, rows, ldc), _const(64 * v)) for v in range(nv)]
-                    for r in range(nr)]
-            init = [builder.select(start, builder.load(_ptr(builder, a, _VF), align=4),
-                                   ir.Constant(_VF, None)) for row in c_at for a in row]
-            w_at = [_row_at(builder, w, r, rows, ldw) for r in range(nr)]
-
-            def step(i, accs):
-                off = builder.load(_ptr(builder, builder.add(offs, builder.mul(i, _const(8))), _I64),
-                                   align=8)
-                xa = builder.add(x, off)
-                xs = [builder.load(_ptr(builder, builder.add(xa, _const(64 * v)), _VF), align=4)
-                      for v in range(nv)]
-                k4 = builder.mul(i, _const(4))
-                out = []
-                for r in range(nr):
-                    s = builder.load(_ptr(builder, builder.add(w_at[r], k4), _F32), align=4)
-                    wb = _splat(builder, s, _VF)
-                    out += [builder.call(fma, [wb, xs[v], accs[r * nv + v]]) for v in range(nv)]
-                return out
-
-            final = _loop(builder, nk, init, step)
-
-            def store(epilogue):
-                for r in range(nr):
-                    with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
-                        if epilogue:
-                            bo = builder.load(_ptr(builder, builder.add(bias, _const(4 * r)), _F32), align=4)
-                        for v in range(nv):
-                            val = final[r * nv + v]
-                            if epilogue:
-                                val = _bias_relu(builder, val, bo, relu)
-                            builder.store(val, _ptr(builder, c_at[r][v], _VF), align=4)
-
-            with builder.if_else(builder.icmp_signed("!=", bias, _const(0))) as (then, otherwise):
-                with then:
-                    store(True)
-                with otherwise:
-                    store(False)
-            return context.get_dummy_value()
-
-        return sig, codegen
+        return types.void(*[types.intp] * 11), codegen
 
     return tile
 
 
 _tile, _half = _make_tile(2), _make_tile(1)  # 32 pixels; 16 (a GEMM's last, half tile)
+_tail = _make_tile(1, masked=True)  # 1..15: the last pixels of a GEMM whose m is not a multiple of 16
 _wide = _make_tile(4, WIDE_O)  # 64 pixels (two tiles)
 # A GEMM's last wide tile, when it has at most 4 or 2 channels: it would compute 6 either way
 # (mlp's 256 channels are 42 tiles and 4; a 10-class linear 6 and 4)
@@ -302,8 +324,9 @@ def tile_cols(m: int) -> int:
 def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc, b, epi):
     """nb independent GEMMs: for b < nb, C_b (o, m) = W_b (o, K) @ X_b, K = offs.shape[0],
     where W_b's rows start at w.flat[b*ws] (ldw apart), C_b's at c.flat[b*cs] (ldc apart),
-    and X_b's row k at x.flat[b*xs] + offs[k] bytes (m % HALF_P == 0; every row's m floats
-    must be readable). Strides in elements. epi 1: C_b gets + b (O,) too, epi 2: then a ReLU
+    and X_b's row k at x.flat[b*xs] + offs[k] bytes (every row's tile_cols(m) floats must be
+    readable where m % HALF_P == 0; else its last m % HALF_P pixels are read and written
+    masked, and only m floats need be). Strides in elements. epi 1: C_b gets + b (O,) too, epi 2: then a ReLU
     (the epilogue of a linear, applied to the tile in registers); 0: the plain sums.
 
     NOTE: blocked for the caches like any GEMM: a group of GROUP_P pixel tiles x BLOCK_K rows
@@ -443,8 +466,14 @@ def _gemm_block(wk, ldw, xb, ok, nk, cb, ldc, k0, last, o_lo, o_hi, tr, p0, p1, 
                 continue
             if (pt + 1) * TILE_P <= m:
                 _tile(*args)
-            else:
+            elif m - pt * TILE_P >= HALF_P:
                 _half(*args)
+                if m - pt * TILE_P > HALF_P:
+                    _tail(wr, ldw * 4, xb + (pt * TILE_P + HALF_P) * 4, ok, nk,
+                          cr + (pt * TILE_P + HALF_P) * 4, ldc * 4, k0, rows, bias, relu,
+                          m - pt * TILE_P - HALF_P)
+            else:
+                _tail(*args, m - pt * TILE_P)
             pt += 1
 
 

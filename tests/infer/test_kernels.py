@@ -518,7 +518,7 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C", 4)
     monkeypatch.setattr(conv_winograd_fused, "WINOGRAD_FUSED_MIN_C", 4)
     gemm = {"fma": "conv_fma_cols", "blas": "conv_gemm"}[fp32_route]
-    pointwise = {"fma": "conv_fma_pitch", "blas": "conv_pointwise"}[fp32_route]
+    pointwise = {"fma": "conv_fma_1x1", "blas": "conv_pointwise"}[fp32_route]
     winograd = {"fma": "conv_winograd_fused", "blas": "conv_winograd"}[fp32_route]
     for name, want in (("3x3-pad", winograd), ("dilation", gemm), ("1x1", pointwise),
                        ("5x5-stride2", gemm), ("groups2", "conv_im2col")):

@@ -78,6 +78,31 @@ def test_gemm_explicit_rows(nb, o, k, m, shift, serial):
 
 
 @needs_fma
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("epi", [0, 2])
+@pytest.mark.parametrize("nb,o,k,m", [(1, 8, 5, 1), (2, 13, 7, 9), (1, 6, 3, 17), (3, 64, 16, 49),
+                                      (1, 24, 300, 31), (2, 100, 40, 169), (1, 16, 64, 3025)])
+def test_gemm_masked_tail(nb, o, k, m, epi, serial):
+    """m not a multiple of 16 (a 1x1 conv's H*W, routes.conv_fma_1x1): the last m % 16 pixels
+    run masked. X ends on a guard page (a read past it faults) and C is followed by NaN
+    sentinels (a write past it shows); every output, the tail's too, is the GEMM's."""
+    from route_fuzz import guarded_copy
+
+    x = guarded_copy(RNG.standard_normal((nb, k, m)).astype(np.float32))
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    flat = np.full(nb * o * m + 64, np.nan, np.float32)
+    c = flat[:nb * o * m].reshape(nb, o, m)
+    fn = kfma.gemm.serial if serial else kfma.gemm
+    fn(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, 0, k, o * m, m, b if epi else NO_BIAS, epi)
+    assert np.isnan(flat[nb * o * m:]).all()
+    for i in range(nb):
+        want = _naive(w, x[i]) + (b[:, None] if epi else 0)
+        want = np.maximum(want, 0) if epi == 2 else want
+        np.testing.assert_allclose(c[i], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+@needs_fma
 @pytest.mark.parametrize("epi", [1, 2])
 @pytest.mark.parametrize("o,k,m", [(7, 5, 48), (17, 600, 64), (8, 256, 16), (12, 200, 96)])
 def test_gemm_fused_epilogue(epi, o, k, m):

@@ -80,8 +80,8 @@ PORTABLE_ROUTES = {
     "f32": {"conv_direct", "conv_pointwise", "conv_im2col", "conv_gemm", "conv_gemm_pitch", "conv_winograd",
             "linear_blas"},
     "i8": {"conv_int8_blas", "conv_int8_im2row", "linear_int8"}}
-NATIVE_ROUTES["f32"] = PORTABLE_ROUTES["f32"] | {"conv_fma_pitch", "conv_fma_cols", "conv_winograd_fused",
-                                                 "linear_fma", "linear_gemv"}
+NATIVE_ROUTES["f32"] = PORTABLE_ROUTES["f32"] | {"conv_fma_1x1", "conv_fma_pitch", "conv_fma_cols",
+                                                 "conv_winograd_fused", "linear_fma", "linear_gemv"}
 NATIVE_ROUTES["i8"] = PORTABLE_ROUTES["i8"] | {"conv_vnni", "conv_vnni_quad", "linear_vnni"}
 KERNELS = {"f32": {"maxpool_sep", "avgpool2d", "global_avgpool", "bias_act_pool"}, "i8": {"maxpool_sep"}}
 NATIVE_KERNELS = {"f32": {"gemm_pool2_pitch", "gemm_pool2_padded", "gemm_rows", "bias_act_sum"},
