@@ -118,8 +118,8 @@ def int8_layers(graph: Graph, params: Mapping[str, np.ndarray], qconsts: Mapping
             if mid.op not in passes:
                 continue
             dq = made.get(mid.inputs[0])
-            if (dq is None or dq.op != "dequantize" or not _same_qp(dq.attrs, qn.attrs)
-                    or _sole_reader(g, uses, mid.inputs[0]) is not mid):
+            # NOTE: the dequantize may have other readers (a Split's slices): it stays for them.
+            if dq is None or dq.op != "dequantize" or not _same_qp(dq.attrs, qn.attrs):
                 continue
             mid.inputs = [dq.inputs[0], *mid.inputs[1:]]
             mid.outputs = list(qn.outputs)
