@@ -265,6 +265,9 @@ _FOLDS = {
 
 
 _HANDLED = {*_FOLDS, "Constant", "Shape"}  # op types the walk folds itself
+# Op types with no importer of their own that can end a fused chain (ReduceL2 -> Max -> Div):
+# downstream of a failed node they are not listed as unsupported (the failure is).
+_IN_CHAINS = {"Max", "Div", "Expand"}
 
 
 def _fold_symbolic(ctx: Context, n: OnnxNode) -> bool:
@@ -410,7 +413,7 @@ def read_model(model, *, input_shapes: Mapping[str, list] | None = None,
                 n.attrs[k] = v.decode("utf-8", "replace")
         ctx.node = n
         if any(v in dead for v in n.inputs if v):
-            if n.op_type not in table and n.op_type not in _HANDLED:
+            if n.op_type not in table and n.op_type not in _HANDLED | _IN_CHAINS:
                 problems.append(f"{n.label}: op type {n.op_type} is not supported")
             dead.update(n.outputs)
             continue

@@ -86,3 +86,30 @@ def test_a_reduce_l2_not_normalising_is_refused(tail, match):
              *tail]
     with pytest.raises(ImportError_, match=match):
         import_onnx(_model(nodes, {}, ["N", 4], ["N", 1]))
+
+
+@pytest.mark.parametrize("axis,shape", [(-1, (6,)), (1, (5,))])
+def test_pockets_exporter_round_trips_l2norm(axis, shape, tmp_path):
+    # pocket's own exporter writes l2norm as ReduceL2 -> Max -> Div; the import gives it back.
+    from pocket.export.onnx_export import to_onnx
+    from pocket.formats import reference
+    from pocket.formats.container import write_container
+    from pocket.formats.ir import Graph, Node, ValueInfo
+    from pocket.infer.engine import Engine
+
+    w = RNG.standard_normal((shape[-1], shape[-1])).astype(F)
+    g = Graph({"x": ValueInfo("f32", ("N", *shape))}, ["y"],
+              [Node("fc", "linear", ["x", "w"], ["h"], {}),
+               Node("norm", "l2norm", ["h"], ["y"], {"axis": axis, "eps": 1e-12})],
+              {"w": ValueInfo("f32", w.shape)}, {})
+    imp = import_onnx(to_onnx(g, {"w": w}))
+    assert [n.op for n in imp.graph.nodes] == ["linear", "l2norm"]
+    assert imp.graph.nodes[1].attrs["axis"] == 1
+    x = RNG.standard_normal((4, *shape)).astype(F)
+    x[2] = 0.0  # a zero row stays zero (the eps), as in the IR
+    write_container(tmp_path / "m.bin", kind="model", tensors=imp.params, graph=imp.graph,
+                    quant=imp.quant)
+    with Engine(tmp_path / "m.bin", max_batch=8) as eng:
+        got = eng.run(x, copy=True)
+    np.testing.assert_allclose(got, reference.run(g, {"w": w}, x)["y"], rtol=1e-5, atol=1e-6)
+    assert np.all(got[2] == 0)
