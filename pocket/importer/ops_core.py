@@ -127,10 +127,16 @@ def _linear_weight(ctx: Context, v: str, transpose: bool, alpha: float, what: st
 
 @importer("linear", "Gemm", "MatMul")
 def linear(ctx: Context, n: OnnxNode) -> None:
-    x = _x(ctx, n, 2, "input A (N, features)")
     if n.op_type == "MatMul":
+        # (N, ..., K) @ B (K, O): the IR's linear over the last axis (pocket's own export of an
+        # N-D linear is Transpose(W) -> MatMul)
+        x = _x(ctx, n, None, "input A")
+        if len(ctx.infos[x].shape) < 2:
+            raise Unsupported(f"input A of shape {list(ctx.infos[x].shape)} must be (N, ..., "
+                              "features)")
         ctx.emit("linear", [x, _linear_weight(ctx, n.inputs[1], True, 1.0, "B")])
         return
+    x = _x(ctx, n, 2, "input A (N, features)")
     if n.attr("transA", 0):
         raise Unsupported("transA=1 is not supported (the input must be (N, features))")
     alpha, beta = float(n.attr("alpha", 1.0)), float(n.attr("beta", 1.0))

@@ -88,9 +88,10 @@ def test_a_reduce_l2_not_normalising_is_refused(tail, match):
         import_onnx(_model(nodes, {}, ["N", 4], ["N", 1]))
 
 
-@pytest.mark.parametrize("axis,shape", [(-1, (6,)), (1, (5,))])
+@pytest.mark.parametrize("axis,shape", [(-1, (6,)), (1, (3, 4))])
 def test_pockets_exporter_round_trips_l2norm(axis, shape, tmp_path):
-    # pocket's own exporter writes l2norm as ReduceL2 -> Max -> Div; the import gives it back.
+    # pocket's own exporter writes l2norm as ReduceL2 -> Max -> Div (and an N-D linear as
+    # Transpose -> MatMul); the import gives both back.
     from pocket.export.onnx_export import to_onnx
     from pocket.formats import reference
     from pocket.formats.container import write_container

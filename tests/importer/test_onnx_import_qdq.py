@@ -85,3 +85,27 @@ def test_a_qdq_channel_shuffle_imports_and_agrees_with_onnxruntime(tmp_path):
                  .attrs["scale"]) if "dequantize" in ops else 0.05
     assert np.abs(got - want).max() <= 1.01 * step + 1e-6
     assert np.mean(got == want) > 0.98
+
+
+def test_a_qdq_matmul_over_the_last_axis_stays_float(tmp_path):
+    # (N, T, K) @ (K, O): the IR's linear over the last axis; an int8 linear takes (N, K) only,
+    # so the import keeps it float between the file's Q/DQ pairs.
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    gr = helper.make_graph(nodes, "g",
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 5])],
+                           initializer=[_init("w", RNG.standard_normal((4, 5)).astype(F))])
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    path = _quantize(m, tmp_path, (3, 4))
+    imp = import_onnx(path)
+    lin = next(n for n in imp.graph.nodes if n.op == "linear")
+    assert "x_scale" not in lin.attrs
+    x = RNG.standard_normal((2, 3, 4)).astype(F)
+    from pocket.formats import reference
+
+    got = reference.run(imp.graph, imp.params, x, imp.quant)[imp.graph.outputs[0]]
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    step = float(next(n for n in imp.graph.nodes if n.op == "dequantize"
+                      and n.outputs[0] == imp.graph.outputs[0]).attrs["scale"])
+    assert np.abs(got - want).max() <= 1.01 * step
