@@ -4,11 +4,13 @@ network amplifies a one-code rounding difference.
 
     python bench/onnx_qdq_layers.py MODEL.qdq.onnx [--n 2] [--json]
 
-Every QuantizeLinear output of the model becomes an extra graph output of onnxruntime's session
-(its default, fused graph: on x86 an int8-activation Conv stays DQ -> float Conv -> Q, since
-onnxruntime allows s8 x s8 QLinearConv only on ARM; Add, Mul, Concat, GlobalAveragePool,
-Sigmoid become its QLinear* integer kernels), and of the same session unfused (ORT_DISABLE_ALL,
-plain float Q/DQ). Pocket's import runs in the reference interpreter (formats/reference.py, what
+onnxruntime's codes come from its own optimized graph (what its default session runs), with
+every value exposed, and from the file run unfused (ORT_DISABLE_ALL: plain float Q/DQ). On x86
+that optimized graph turns int8 activations into uint8 (zero point + 128) and runs most Convs
+as U8S8 QLinearConv (integer, requantized in float32), keeps a Conv whose output also feeds a
+float op (a residual Add) as float DQ -> Conv -> Q, and runs Gemm, GlobalAveragePool and some
+Sigmoids as QGemm / QLinear* kernels; Add, Mul and the rest stay float between Q/DQ pairs.
+Pocket's import runs in the reference interpreter (formats/reference.py, what
 the engine's kernels are tested to equal bit for bit) and is compared on the same values twice:
 
     alone    each pocket node fed onnxruntime's own input codes: the codes it gets wrong are
@@ -31,31 +33,97 @@ import numpy as np
 
 
 def _ort_codes(path: Path, x: np.ndarray) -> tuple[dict, dict, list[str]]:
-    """{Q output: int8 codes} from onnxruntime fused and unfused; the Q outputs in graph order."""
+    """{Q output of the file: int8 codes} from onnxruntime fused and unfused; the Q outputs.
+
+    NOTE: the fused codes come from onnxruntime's own optimized graph (ORT_ENABLE_EXTENDED,
+    which computes what its default ORT_ENABLE_ALL does), saved and run as it is with every
+    value exposed: exposing the file's Q outputs instead stops most fusions (a fused node may
+    not feed a graph output). On x86 that graph turns int8 activations into uint8 (zero point
+    + 128) for QLinearConv, so its values have new names; `_fused_names` maps them back.
+    """
+    import tempfile
+
     import onnx
     import onnxruntime as ort
 
-    m = onnx.load(str(path))
-    inits = {t.name: t.data_type for t in m.graph.initializer}
-    qs = [n for n in m.graph.node if n.op_type == "QuantizeLinear"]
-    have = {o.name for o in m.graph.output}
-    for n in qs:
-        if n.output[0] not in have:
-            elem = inits.get(n.input[2], onnx.TensorProto.UINT8) if len(n.input) > 2 else 2
-            m.graph.output.append(onnx.helper.make_tensor_value_info(n.output[0], elem, None))
-    names = [o.name for o in m.graph.output]
-    iname = m.graph.input[0].name
-    runs = []
-    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-                  ort.GraphOptimizationLevel.ORT_DISABLE_ALL):
+    src = onnx.load(str(path))
+    qs = [n.output[0] for n in src.graph.node if n.op_type == "QuantizeLinear"]
+    iname = src.graph.input[0].name
+    with tempfile.TemporaryDirectory() as tmp:
         so = ort.SessionOptions()
-        so.graph_optimization_level = level
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = str(Path(tmp) / "fused.onnx")
+        so.log_severity_level = 3
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        fused = onnx.load(so.optimized_model_filepath)
+    names = _fused_names(src, fused)
+    runs = []
+    for m, want in ((fused, names), (src, {q: q for q in qs})):
+        have = {o.name for o in m.graph.output}
+        for v in want:
+            if v not in have:
+                m.graph.output.append(onnx.helper.make_empty_tensor_value_info(v))
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         so.intra_op_num_threads = 1
+        so.log_severity_level = 3
         s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        outs = [o.name for o in s.get_outputs()]
         # uint8 codes -> pocket's int8 (zero point - 128, as the importer maps them)
-        runs.append({k: (v.astype(np.int16) - 128).astype(np.int8) if v.dtype == np.uint8 else v
-                     for k, v in zip(names, s.run(None, {iname: x}))})
-    return runs[0], runs[1], [n.output[0] for n in qs]
+        runs.append({want[k]: (v.astype(np.int16) - 128).astype(np.int8)
+                     if v.dtype == np.uint8 else v
+                     for k, v in zip(outs, s.run(None, {iname: x})) if k in want})
+    return runs[0], runs[1], [q for q in qs if q in runs[0] and q in runs[1]]
+
+
+def _fused_names(src, fused) -> dict[str, str]:
+    """{value of onnxruntime's fused graph: the file's Q output it holds}, for every fused value
+    that holds one: a node of the fused graph is matched to the file's node of the same op
+    (QLinearConv to Conv, QGemm to Gemm, QLinearAdd to Add, ...) by its weights, or else by the
+    Q outputs its inputs hold; its output then holds the Q output that follows that node."""
+    made = {o: n for n in src.graph.node for o in n.output}
+    readers: dict[str, list] = {}
+    for n in src.graph.node:
+        for v in n.input:
+            readers.setdefault(v, []).append(n)
+
+    def source(v):  # the Q output a DequantizeLinear'd input of the file reads, or None
+        dq = made.get(v)
+        return dq.input[0] if dq is not None and dq.op_type == "DequantizeLinear" else None
+
+    def q_after(node):  # the Q that quantizes node's output (through a Relu/Clip the Q made redundant)
+        for _ in range(2):
+            nxt = readers.get(node.output[0], [])
+            q = [r for r in nxt if r.op_type == "QuantizeLinear"]
+            if q:
+                return q[0].output[0]
+            if len(nxt) != 1 or nxt[0].op_type not in ("Relu", "Clip"):
+                return None
+            node = nxt[0]
+        return None
+
+    base = {"QLinearConv": "Conv", "QGemm": "Gemm", "QLinearMatMul": "MatMul"}
+    out: dict[str, str] = {}
+    for n in fused.graph.node:
+        if n.op_type == "QuantizeLinear":
+            q = [r.output[0] for r in readers.get(n.input[0], []) if r.op_type == "QuantizeLinear"]
+            if q:
+                out[n.output[0]] = q[0]
+            continue
+        if n.op_type == "DequantizeLinear":
+            continue
+        op = base.get(n.op_type, n.op_type.removeprefix("QLinear"))
+        cands = [m for m in src.graph.node if m.op_type == op]
+        if op in ("Conv", "Gemm", "MatMul") and len(n.input) > 3:
+            cands = [m for m in cands if len(m.input) > 1 and source(m.input[1]) == n.input[3]]
+        else:
+            ins = {out[v] for v in n.input if v in out}
+            cands = [m for m in cands if ins and {source(v) for v in m.input} - {None} == ins]
+        if len(cands) == 1:
+            q = q_after(cands[0])
+            if q is not None:
+                out[n.output[0]] = q
+    return out
 
 
 def layers(path: str | Path, n: int = 2) -> dict:
@@ -94,7 +162,9 @@ def layers(path: str | Path, n: int = 2) -> dict:
             y = fused[out]
         alone_env[out] = y
     chain, first = [], None
-    for q in qouts:
+    # NOTE: in pocket's (topological) order: quantize_static's files list nodes out of order.
+    order = {o: i for i, nd in enumerate(g.nodes) for o in nd.outputs}
+    for q in sorted((q for q in qouts if q in order), key=order.get):
         a = chained_env.get(q)
         if a is None or a.dtype != np.int8 or a.size != fused[q].size:
             continue
