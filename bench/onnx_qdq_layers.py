@@ -18,7 +18,7 @@ the engine's kernels are tested to equal bit for bit) and is compared on the sam
     chained  pocket's run end to end: the first value that differs, and how the share of
              differing codes grows layer by layer (next to onnxruntime fused vs unfused)
 
-Needs onnx and onnxruntime; inputs are bench/onnx_models.py's (standard normal, 3x224x224).
+Needs onnx and onnxruntime; the inputs are bench/onnx_models.py's (standard normal, seed 7).
 """
 
 from __future__ import annotations
@@ -131,10 +131,11 @@ def layers(path: str | Path, n: int = 2) -> dict:
     from pocket.importer.app import import_onnx
 
     path = Path(path)
-    x = np.random.default_rng(7).standard_normal((n, 3, 224, 224)).astype(np.float32)
-    fused, plain, qouts = _ort_codes(path, x)
     imp = import_onnx(path)
     g = imp.graph
+    shape = next(iter(g.inputs.values())).shape[1:]
+    x = np.random.default_rng(7).standard_normal((n, *shape)).astype(np.float32)
+    fused, plain, qouts = _ort_codes(path, x)
     made = {o: nd for nd in g.nodes for o in nd.outputs}
 
     def run(node, env):

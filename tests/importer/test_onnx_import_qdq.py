@@ -109,3 +109,37 @@ def test_a_qdq_matmul_over_the_last_axis_stays_float(tmp_path):
     step = float(next(n for n in imp.graph.nodes if n.op == "dequantize"
                       and n.outputs[0] == imp.graph.outputs[0]).attrs["scale"])
     assert np.abs(got - want).max() <= 1.01 * step
+
+
+def test_the_per_layer_bench_finds_onnxruntimes_fused_codes(tmp_path):
+    # bench/onnx_qdq_layers.py reads the codes of the graph onnxruntime runs (its saved
+    # optimized model, QLinearConv on uint8 on x86) back onto the file's Q outputs: on a residual
+    # block every int8 layer must be compared, and agree but for a rare one-code rounding.
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "onnx_qdq_layers", Path(__file__).resolve().parents[2] / "bench" / "onnx_qdq_layers.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    c = 6
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "r1"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    inits = [_init("w", RNG.standard_normal((c, 3, 3, 3)).astype(F) * 0.3),
+             _init("b", RNG.standard_normal(c).astype(F) * 0.1),
+             _init("w2", RNG.standard_normal((c, c, 3, 3)).astype(F) * 0.2),
+             _init("b2", RNG.standard_normal(c).astype(F) * 0.1)]
+    gr = helper.make_graph(nodes, "g",
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 9, 8])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c, 9, 8])],
+                           initializer=inits)
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    r = bench.layers(_quantize(m, tmp_path, (3, 9, 8)), 4)
+    assert {"conv2d(quantize)", "conv2d(conv2d)", "quantize(add)"} <= set(r["alone"])
+    assert r["alone_agreement"] > 0.999
+    assert all(v["differ_by_more_than_1"] == 0 for v in r["alone"].values())
+    assert [c["op"] for c in r["chained"]][:3] == ["quantize", "conv2d", "conv2d"]
