@@ -3,7 +3,11 @@ each of bench/onnx_models.py's six ONNX files (torchvision, random weights, opse
 `pocket import`, and the zoo model (pocket.train.models) at the same config (width 1.0, 3x224x224,
 1000 classes, random weights) traced and exported by `pocket export` to fp32 .bin.
 
-    python bench/onnx_import_latency.py [--models resnet18,...] [--rounds 9] [--threads 1] [--json]
+    python bench/onnx_import_latency.py [--models resnet18,...] [--rounds 9] [--threads 1] [--int8]
+                                        [--json]
+
+`--int8` times the QDQ imports (onnx_models.py's quantize_static files) against pocket's own
+int8 export of the zoo models (`pocket export --int8`, calibrated on random inputs).
 
 Both engines live in one process and are timed in alternation, a round each (the median call of
 a `--budget`-second block), so machine load hits both alike; the table gives the median over
@@ -12,7 +16,7 @@ rounds and the ratio import / zoo (the issue's target: at most 1.10). Where the 
 left unfolded, or a fusion it missed, shows there. torch and torchvision are bench/dev
 dependencies: without them the script says so and exits 0.
 
-Writes DIR/latency.json (default DIR: bench/out/onnx_models, shared with onnx_models.py).
+Writes DIR/latency[.int8].json (default DIR: bench/out/onnx_models, shared with onnx_models.py).
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ ZOO = {"resnet18": "resnet18", "mobilenet_v2": "mobilenet_v2",
 TARGET = 1.10
 
 
-def zoo_bin(name: str, out: Path) -> Path:
-    """The zoo's architecture for torchvision model `name`, exported by pocket to fp32 .bin."""
-    path = out / f"{name}.zoo.bin"
+def zoo_bin(name: str, out: Path, int8: bool = False) -> Path:
+    """The zoo's architecture for torchvision model `name`, exported by pocket to .bin (int8:
+    pocket's own quantization, calibrated on the checkpoint's random calibration set)."""
+    path = out / f"{name}.zoo{'.int8' if int8 else ''}.bin"
     if path.exists():
         return path
     from pocket.export.app import export
@@ -58,20 +63,25 @@ def zoo_bin(name: str, out: Path) -> Path:
             params[k] = rng.normal(0, 0.1, params[k].shape).astype(np.float32)
     ckpt = out / f"{name}.zoo.ckpt"
     save_checkpoint(ckpt, graph=graph, state=params, optimizer_state={}, meta={},
-                    calib_x=rng.random((8, *shape), dtype=np.float32))
-    export(ckpt, path, fmt="bin", int8=False)
+                    calib_x=rng.standard_normal((16, *shape), dtype=np.float32))
+    export(ckpt, path, fmt="bin", int8=int8)
     ckpt.unlink()
     return path
 
 
-def imported_bin(name: str, out: Path) -> Path:
+def imported_bin(name: str, out: Path, int8: bool = False) -> Path:
+    """bench/onnx_models.py's ONNX file for `name` (int8: its QDQ version), imported."""
     from pocket.formats.container import write_container
     from pocket.importer.app import import_onnx
 
     src = out / f"{name}.onnx"
     if not src.exists():
         om.export_fp32(name, src)
-    path = out / f"{name}.import.bin"
+    if int8:
+        fp32, src = src, out / f"{name}.qdq.onnx"
+        if not src.exists():
+            om.export_qdq(fp32, src)
+    path = out / f"{name}.import{'.int8' if int8 else ''}.bin"
     imp = import_onnx(src)
     write_container(path, kind="model", tensors=imp.params, graph=imp.graph, quant=imp.quant)
     return path
@@ -95,10 +105,11 @@ def _median_call(fn, x, budget: float) -> float:
     return statistics.median(times)
 
 
-def measure(name: str, out: Path, rounds: int, budget: float, threads: int) -> dict:
+def measure(name: str, out: Path, rounds: int, budget: float, threads: int,
+            int8: bool = False) -> dict:
     from pocket.infer.engine import Engine
 
-    paths = {"zoo": zoo_bin(name, out), "import": imported_bin(name, out)}
+    paths = {"zoo": zoo_bin(name, out, int8), "import": imported_bin(name, out, int8)}
     engines = {k: Engine(p, threads=threads, max_batch=1) for k, p in paths.items()}
     x = om.inputs(1, 3)
     per: dict[str, list[float]] = {k: [] for k in engines}
@@ -110,7 +121,8 @@ def measure(name: str, out: Path, rounds: int, budget: float, threads: int) -> d
     for e in engines.values():
         e.close()
     med = {k: statistics.median(v) * 1e3 for k, v in per.items()}
-    row = {"model": name, "zoo": ZOO[name], "threads": threads, "zoo_ms": round(med["zoo"], 3),
+    row = {"model": name, "zoo": ZOO[name], "int8": int8, "threads": threads,
+           "zoo_ms": round(med["zoo"], 3),
            "import_ms": round(med["import"], 3), "ratio": round(med["import"] / med["zoo"], 3),
            "rounds_ms": {k: [round(s * 1e3, 3) for s in v] for k, v in per.items()}}
     row["passed"] = row["ratio"] <= TARGET
@@ -128,6 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--budget", type=float, default=0.3, help="Seconds per timed block.")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--int8", action="store_true",
+                   help="The QDQ imports against pocket's own int8 exports of the zoo models.")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     try:
@@ -141,13 +155,14 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in a.models.split(","):
-        rows.append(measure(name, out, a.rounds, a.budget, a.threads))
+        rows.append(measure(name, out, a.rounds, a.budget, a.threads, a.int8))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    (out / "latency.json").write_text(json.dumps(rows, indent=1))
+    (out / f"latency{'.int8' if a.int8 else ''}.json").write_text(json.dumps(rows, indent=1))
     if a.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'model':<20} {'zoo ms':>8} {'import ms':>10} {'ratio':>6}  (batch 1, "
+    kind = "int8, " if a.int8 else ""
+    print(f"{'model':<20} {'zoo ms':>8} {'import ms':>10} {'ratio':>6}  ({kind}batch 1, "
           f"{a.threads} thread{'s' if a.threads > 1 else ''}, median of {a.rounds} rounds)")
     for r in rows:
         print(f"{r['model']:<20} {r['zoo_ms']:>8.2f} {r['import_ms']:>10.2f} {r['ratio']:>6.2f}"
