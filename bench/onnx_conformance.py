@@ -176,13 +176,58 @@ def relevant(case, claimed, handled) -> bool:
     return bool(types) and any(t in claimed for t in types) and all(t in handled for t in types)
 
 
+def pattern_cases() -> list:
+    """pocket's own multi-node cases, for ops that ONNX writes as a chain the importer fuses
+    (ReduceL2 is pocket's l2norm only as exporters write it): named pocket_*, laid out as onnx's
+    node tests, their expected outputs from onnx's reference evaluator."""
+    from types import SimpleNamespace
+
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(0)
+    f = np.float32
+    eps = numpy_helper.from_array(np.array(1e-12, f), "eps")
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    chains = {
+        # pocket's own export of l2norm
+        "pocket_l2norm_reducel2_max_div": (17, [5, 7], [eps], [
+            helper.make_node("ReduceL2", ["x"], ["n"], axes=[1], keepdims=1),
+            helper.make_node("Max", ["n", "eps"], ["d"]),
+            helper.make_node("Div", ["x", "d"], ["y"])]),
+        # torch.nn.functional.normalize(x, dim=1) from torch.onnx.export
+        "pocket_l2norm_reducel2_clip_expand_div": (17, [3, 4, 2, 5], [eps], [
+            helper.make_node("ReduceL2", ["x"], ["n"], axes=[1], keepdims=1),
+            helper.make_node("Clip", ["n", "eps", ""], ["c"]),
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Expand", ["c", "s"], ["ce"]),
+            helper.make_node("Div", ["x", "ce"], ["y"])]),
+        # opset 18: axes as an input
+        "pocket_l2norm_reducel2_axes_input_div": (18, [2, 3, 6], [axes], [
+            helper.make_node("ReduceL2", ["x", "axes"], ["n"], keepdims=1),
+            helper.make_node("Div", ["x", "n"], ["y"])]),
+    }
+    cases = []
+    for name, (opset, shape, inits, nodes) in chains.items():
+        g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                              initializer=inits)
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        x = rng.standard_normal(shape).astype(f)
+        want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        cases.append(SimpleNamespace(name=name, model=model, data_sets=[([x], [want])],
+                                     rtol=1e-3, atol=1e-7))
+    return cases
+
+
 def run_all(cases=None) -> list[dict]:
-    """Every node test of pocket's op set (`relevant`), each run once."""
+    """Every node test of pocket's op set (`relevant`), each run once, and pattern_cases."""
     from pocket.importer.reader import supported_types
 
     claimed, handled = claimed_types(), set(supported_types())
     cases = collect() if cases is None else cases
-    return [run_case(c) for c in cases if relevant(c, claimed, handled)]
+    return ([run_case(c) for c in cases if relevant(c, claimed, handled)]
+            + [run_case(c) for c in pattern_cases()])
 
 
 def render(results: list[dict], seconds: float | None = None) -> str:
@@ -209,7 +254,9 @@ def render(results: list[dict], seconds: float | None = None) -> str:
         + (f"; {seconds:.0f} s." if seconds is not None else "."),
         "",
         "Weights bound: a test whose node reads its weights as graph inputs runs with every "
-        "input but the first as an initializer (pocket imports weights as constants).",
+        "input but the first as an initializer (pocket imports weights as constants). "
+        "`pocket_*` tests are pocket's own, for chains the importer fuses into one op "
+        "(`pattern_cases`: expected outputs from onnx's reference evaluator).",
         "",
         "| ONNX op | pocket op | passed | failed | unsupported |",
         "|---|---|---|---|---|",

@@ -127,10 +127,16 @@ def _linear_weight(ctx: Context, v: str, transpose: bool, alpha: float, what: st
 
 @importer("linear", "Gemm", "MatMul")
 def linear(ctx: Context, n: OnnxNode) -> None:
-    x = _x(ctx, n, 2, "input A (N, features)")
     if n.op_type == "MatMul":
+        # (N, ..., K) @ B (K, O): the IR's linear over the last axis (pocket's own export of an
+        # N-D linear is Transpose(W) -> MatMul)
+        x = _x(ctx, n, None, "input A")
+        if len(ctx.infos[x].shape) < 2:
+            raise Unsupported(f"input A of shape {list(ctx.infos[x].shape)} must be (N, ..., "
+                              "features)")
         ctx.emit("linear", [x, _linear_weight(ctx, n.inputs[1], True, 1.0, "B")])
         return
+    x = _x(ctx, n, 2, "input A (N, features)")
     if n.attr("transA", 0):
         raise Unsupported("transA=1 is not supported (the input must be (N, features))")
     alpha, beta = float(n.attr("alpha", 1.0)), float(n.attr("beta", 1.0))
@@ -301,6 +307,15 @@ def reshape(ctx: Context, n: OnnxNode) -> None:
         have = math.prod(src[1:]) if all(isinstance(d, int) for d in src[1:]) else None
         if not (target[0] == -1 and -1 not in rest and have == known):
             raise Unsupported(f"reshape {list(src)} -> {target} changes the batch dim")
+    have = list(ctx.infos[x].shape[1:])
+    if rest.count(-1) == 1 and all(isinstance(d, int) for d in have):
+        known = math.prod(d for d in rest if d != -1)
+        if known and math.prod(have) % known == 0:
+            rest = [math.prod(have) // known if d == -1 else d for d in rest]
+    if rest == have:
+        # The reshape back of a channel shuffle (or any no-op one): no copy in the engine.
+        ctx.same(n.outputs[0], n.inputs[0])
+        return
     ctx.emit("reshape", [x], {"shape": rest})
 
 
@@ -380,6 +395,7 @@ def quantize(ctx: Context, n: OnnxNode) -> None:
     y = ctx.emit("quantize", [x], {"scale": scale, "zero_point": zp})
     if shifted:
         ctx.shifted.add(y)
+    _keep_onnx_shape(ctx, n)
 
 
 @importer("dequantize", "DequantizeLinear")
@@ -390,3 +406,11 @@ def dequantize(ctx: Context, n: OnnxNode) -> None:
         raise Unsupported(f"input '{n.inputs[0]}' must come from a QuantizeLinear of the same "
                           "element type")
     ctx.emit("dequantize", [x], {"scale": scale, "zero_point": zp})
+    _keep_onnx_shape(ctx, n)
+
+
+def _keep_onnx_shape(ctx: Context, n: OnnxNode) -> None:
+    # Q and DQ are elementwise: a value whose ONNX shape is not its IR one (the 5-D transpose of
+    # a channel shuffle) keeps it across them.
+    if n.inputs[0] in ctx.onnx_shapes:
+        ctx.onnx_shapes[n.outputs[0]] = ctx.onnx_shapes[n.inputs[0]]

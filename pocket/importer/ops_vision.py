@@ -51,16 +51,31 @@ def transpose(ctx: Context, n: OnnxNode) -> None:
     if perm == list(range(len(shape))):
         ctx.same(n.outputs[0], n.inputs[0])
         return
-    made = next((m for m in ctx.nodes if x in m.outputs), None)
+    made = _producer(ctx, x)
+    # A QDQ model (quantize_static) has a Q/DQ pair on every edge: Reshape -> Q -> DQ -> Transpose.
+    chain = []
+    while made is not None and made.op in ("quantize", "dequantize"):
+        chain.append(made)
+        made = _producer(ctx, made.inputs[0])
     src = made.inputs[0] if made is not None and made.op == "reshape" else None
     if (perm != [0, 2, 1, 3, 4] or src is None or len(ctx.infos[src].shape) != 4
             or ctx.infos[src].shape[1] != shape[1] * shape[2]
             or tuple(ctx.infos[src].shape[2:]) != tuple(shape[3:])):
         raise Unsupported(f"perm {perm} on shape {list(shape)}: only the transpose of a channel "
                           "shuffle ((N, g, C/g, H, W), perm 0 2 1 3 4) is supported")
+    for q in reversed(chain):
+        # The same Q/DQ on the 4-D source: they are elementwise, so the reshape changes nothing.
+        v = ctx.emit(q.op, [src], q.attrs, out=f"{n.outputs[0]}/{q.op}", name=f"{n.name}/{q.op}")
+        if q.outputs[0] in ctx.shifted:
+            ctx.shifted.add(v)
+        src = v
     ctx.emit("channel_shuffle", [src], {"groups": int(shape[1])})
     # The ONNX value is 5-D, (N, C/g, g, H, W): what a following Reshape or Shape reads.
     ctx.onnx_shapes[n.outputs[0]] = (shape[0], shape[2], shape[1], *shape[3:])
+
+
+def _producer(ctx: Context, v: str):
+    return next((m for m in reversed(ctx.nodes) if v in m.outputs), None)
 
 
 def _slice_bounds(size: int, start: int, end: int) -> tuple[int, int]:

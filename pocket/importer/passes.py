@@ -118,8 +118,8 @@ def int8_layers(graph: Graph, params: Mapping[str, np.ndarray], qconsts: Mapping
             if mid.op not in passes:
                 continue
             dq = made.get(mid.inputs[0])
-            if (dq is None or dq.op != "dequantize" or not _same_qp(dq.attrs, qn.attrs)
-                    or _sole_reader(g, uses, mid.inputs[0]) is not mid):
+            # NOTE: the dequantize may have other readers (a Split's slices): it stays for them.
+            if dq is None or dq.op != "dequantize" or not _same_qp(dq.attrs, qn.attrs):
                 continue
             mid.inputs = [dq.inputs[0], *mid.inputs[1:]]
             mid.outputs = list(qn.outputs)
@@ -128,12 +128,14 @@ def int8_layers(graph: Graph, params: Mapping[str, np.ndarray], qconsts: Mapping
             changed = True
             break
     uses, made = consumers(g), producers(g)
+    infos = g.validate()
     for layer in [n for n in g.nodes if n.op in ops.with_int8(ops.INT8_LAYER)]:
         a = layer.attrs
         dq = made.get(layer.inputs[0])
         if ("x_scale" in a or dq is None or dq.op != "dequantize"
-                or not ops.int8_fuses(a.get("activation", "none"))):
-            continue
+                or not ops.int8_fuses(a.get("activation", "none"))
+                or layer.op == "linear" and len(infos[layer.inputs[0]].shape) != 2):
+            continue  # an int8 linear takes (N, features): an N-D one stays float
         w_name = layer.inputs[1]
         wq = _int8_weight(params[w_name], qconsts.get(w_name))
         if wq is None:

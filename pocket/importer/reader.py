@@ -107,6 +107,9 @@ class Context:
         self.onnx_shapes: dict[str, tuple] = {}  # ONNX values whose shape is not their IR value's
         self.shifted: set[str] = set()  # IR i8 values that ONNX holds as uint8 (zp - 128)
         self.qconsts: dict[str, QConst] = {}  # ONNX const value or IR param -> its integers
+        # ONNX values an importer left pending (a ReduceL2 norm): the walk hands every node that
+        # reads one to its `consume(ctx, node)`, which emits the fused op or refuses with `reason`.
+        self.partial: dict[str, Any] = {}
         self._param_of: dict[int, str] = {}  # id(const array) -> the param made from it
         self._names: set[str] = set()
         self.node: OnnxNode | None = None  # the node being imported
@@ -223,7 +226,7 @@ def _clean(name: str) -> str:
 
 def importers() -> dict[str, Any]:
     """ONNX op type -> the importer registered for it (through its IR op's slot)."""
-    from pocket.importer import ops_core, ops_vision  # noqa: F401 - register the importers
+    from pocket.importer import ops_core, ops_embed, ops_vision  # noqa: F401 - register them
 
     table = {}
     for fn in ops.implementations("onnx_import").values():
@@ -262,6 +265,9 @@ _FOLDS = {
 
 
 _HANDLED = {*_FOLDS, "Constant", "Shape"}  # op types the walk folds itself
+# Op types with no importer of their own that can end a fused chain (ReduceL2 -> Max -> Div):
+# downstream of a failed node they are not listed as unsupported (the failure is).
+_IN_CHAINS = {"Max", "Div", "Expand"}
 
 
 def _fold_symbolic(ctx: Context, n: OnnxNode) -> bool:
@@ -407,7 +413,7 @@ def read_model(model, *, input_shapes: Mapping[str, list] | None = None,
                 n.attrs[k] = v.decode("utf-8", "replace")
         ctx.node = n
         if any(v in dead for v in n.inputs if v):
-            if n.op_type not in table and n.op_type not in _HANDLED:
+            if n.op_type not in table and n.op_type not in _HANDLED | _IN_CHAINS:
                 problems.append(f"{n.label}: op type {n.op_type} is not supported")
             dead.update(n.outputs)
             continue
@@ -456,6 +462,10 @@ def _import_node(onnx, ctx: Context, n: OnnxNode, table: dict) -> None:
         _shape_of(ctx, n)
         return
     ins = [v for v in n.inputs if v]
+    pending = next((ctx.partial[v] for v in ins if v in ctx.partial), None)
+    if pending is not None:
+        pending.consume(ctx, n)
+        return
     if ins and all(ctx.const(v) is not None for v in ins):
         # NOTE: evaluated with every input, in place: an optional input left empty stays empty.
         if n.op_type == "DequantizeLinear":
@@ -518,6 +528,8 @@ def _qconst(ctx: Context, n: OnnxNode) -> QConst:
 def _output(ctx: Context, v: str) -> str:
     """The IR value of graph output v, renamed to v so the interface keeps its names."""
     if v not in ctx.alias:
+        if v in ctx.partial:
+            raise Unsupported(f"output '{v}': {ctx.partial[v].reason}")
         if v in ctx.consts:
             raise Unsupported(f"output '{v}' is a constant; pocket runs graphs whose outputs "
                               "depend on the input")
