@@ -1,0 +1,52 @@
+"""The engine's vectorized GELU (act_run on erfc32) against float64 math.erfc, NaN and
+infinities included, in unary and in a linear's bias epilogue."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pocket.infer import kernels_fp32 as kf
+
+RNG = np.random.default_rng(43)
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 40.0, -40.0], np.float32)
+X = np.concatenate([RNG.standard_normal(6000).astype(np.float32) * s for s in (0.5, 3, 30)]
+                   + [np.linspace(-13, 13, 4001, dtype=np.float32), SPECIAL])
+
+
+def _gelu64(v):
+    # through erfc: 1 + erf(v / sqrt2) cancels left of 0, in float64 too; GELU(-inf) is NaN
+    # (-inf * 0), as in formats/reference.py
+    with np.errstate(invalid="ignore"):
+        return 0.5 * v * np.array([math.erfc(-t / math.sqrt(2)) if t == t else np.nan for t in v])
+
+
+def _check(out, x):
+    exact = _gelu64(x.astype(np.float64))
+    assert np.array_equal(np.isnan(out), np.isnan(exact))
+    ok = np.isfinite(exact)
+    assert np.array_equal(out[~ok], exact[~ok].astype(np.float32), equal_nan=True)
+    rel = np.abs(out[ok] - exact[ok]) / np.maximum(np.abs(exact[ok]), 1e-300)
+    near = x[ok] >= -4.2
+    assert rel[near].max(initial=0) < 2e-6  # a few ulp on the right, erfc's 1.2e-6 on the left
+    tail = ~near & (np.abs(exact[ok]) > 1e-30)
+    assert rel[tail].max(initial=0) < 2e-5  # (the float32 rounding of exp's argument -x^2/2)
+    assert np.abs(out[ok][np.abs(exact[ok]) <= 1e-30]).max(initial=0) < 1e-30
+
+
+def test_unary_gelu():
+    out = np.full_like(X, 7.0)
+    kf.unary.serial(out, X, kf.ACT["gelu"], 0.0)
+    _check(out, X)
+    inplace = X.copy()
+    kf.unary.serial(inplace, inplace, kf.ACT["gelu"], 0.0)
+    assert np.array_equal(inplace, out, equal_nan=True)
+
+
+def test_bias_gelu_rows():
+    y = RNG.standard_normal((5, 67)).astype(np.float32) * 3
+    b = RNG.standard_normal(67).astype(np.float32)
+    out = np.empty_like(y)
+    kf.bias_act_rows.serial(out, y, b, kf.ACT["gelu"], 0.0)
+    _check(out.reshape(-1), (y + b).reshape(-1))
