@@ -604,7 +604,11 @@ def _linear_bwd(ctx, gy):
     gy2 = gy.reshape(-1, gy.shape[-1])
     gx = (gy2 @ w).reshape(ctx.attrs["shape"]) if ctx.needs[0] else None
     gw = gy2.T @ x2 if ctx.needs[1] else None
-    gb = gy2.sum(axis=0) if len(ctx.needs) > 2 and ctx.needs[2] else None
+    gb = None
+    if len(ctx.needs) > 2 and ctx.needs[2]:
+        # NOTE: on the CPU as one GEMV: NumPy's sum down the rows of (N*L, out) took 4x longer
+        gb = (np.ones(gy2.shape[0], gy2.dtype) @ gy2 if _xp(gy2) is np and gy2.ndim == 2
+              and gy2.dtype in (np.float32, np.float64) else gy2.sum(axis=0))
     return gx, gw, gb
 
 
