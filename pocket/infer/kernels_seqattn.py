@@ -11,23 +11,44 @@ import numpy as np
 from numba import njit, prange
 
 from pocket.infer.jit import kernel
+from pocket.infer.kernels_fp32 import act_inplace, erfc32, exp32, relu
+
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
+_SUMS = {"reassoc"}
+
+
+@njit(cache=True, fastmath=_SUMS)
+def _sum(row, n):
+    # sum of row[:n] in float64, reassociated so that LLVM vectorizes it
+    t = 0.0
+    for j in range(n):
+        t += row[j]
+    return t
+
+
+@njit(cache=True, fastmath=_SUMS)
+def _sum_sq_dev(row, m):
+    # sum of (row - m)^2 in float64, reassociated
+    t = 0.0
+    for j in range(row.shape[0]):
+        c = row[j] - m
+        t += c * c
+    return t
 
 
 @kernel
 def layernorm(out, x, w, b, eps):
-    """x (R, D) -> out (R, D): each row normalised (mean, biased var), then * w (D,) + b (D,)."""
+    """x (R, D) -> out (R, D): each row normalised (mean, biased var), then * w (D,) + b (D,).
+
+    NOTE: the two sums in functions of their own with "reassoc" (NaN and inf still propagate):
+    as plain loops they ran scalar, 4 ns an element at (1024, 64)."""
     r, d = x.shape
     for i in prange(r):
         row = x[i]
-        m = 0.0
-        for j in range(d):
-            m += row[j]
-        m /= d
-        var = 0.0
-        for j in range(d):
-            t = row[j] - m
-            var += t * t
-        inv = 1.0 / math.sqrt(var / d + eps)
+        m = _sum(row, d) / d
+        inv = 1.0 / math.sqrt(_sum_sq_dev(row, m) / d + eps)
         dst = out[i]
         for j in range(d):
             dst[j] = (row[j] - m) * inv * w[j] + b[j]
@@ -37,7 +58,11 @@ def layernorm(out, x, w, b, eps):
 def attention_probs(s, scale, causal, lq):
     """s (R, S) = q k^T scores, rows r = (b, i) with query i = r % lq -> in place, the
     attention weights softmax(s * scale) over keys j (j <= i only when causal), 0 elsewhere;
-    max-shifted, summed in float64. Attention is then two batched BLAS GEMMs around this."""
+    max-shifted, summed in float64. Attention is then two batched BLAS GEMMs around this.
+
+    NOTE: exp in float32 (exp32, vectorized) of the shifted scores taken in float64 and rounded
+    once: a weight moves by float32 rounding (with math.exp, a libm call an element, this was
+    a quarter of a transformer's engine call)."""
     r, ls = s.shape
     for row in prange(r):
         sr = s[row]
@@ -45,16 +70,45 @@ def attention_probs(s, scale, causal, lq):
         m = -np.inf
         for j in range(end):
             m = max(m, np.float64(sr[j]) * scale)
-        tot = 0.0
         for j in range(end):
-            e = math.exp(np.float64(sr[j]) * scale - m)
-            sr[j] = e
-            tot += e
-        inv = 1.0 / tot
+            sr[j] = exp32(np.float32(np.float64(sr[j]) * scale - m))
+        inv = 1.0 / _sum(sr, end)
         for j in range(end):
-            sr[j] = sr[j] * inv
+            sr[j] = np.float32(sr[j] * inv)
         for j in range(end, ls):
             sr[j] = 0.0
+
+
+@kernel
+def rows_bias_act(y, b, act, alpha):
+    """y (R, O) f32 in place = activation(y + b (O,)) (b may be empty): a linear over
+    (N, ..., in)'s epilogue, one pass a row on one array.
+
+    NOTE: kernels_fp32.bias_act_rows given y as both out and input ran its bias loop scalar
+    (LLVM's runtime alias check between two views of one buffer fails: 5x slower), and for
+    an activation other than ReLU made a second pass; GELU (the transformer's MLP) is fused
+    here, on erfc32, the others go through act_inplace after the bias."""
+    r, o = y.shape
+    yf = y.reshape(-1)
+    has_bias = b.shape[0] > 0
+    for i in prange(r):
+        base = np.uint64(i * o)
+        if act == 5:
+            for j in range(o):
+                k = base + np.uint64(j)
+                v = yf[k] + (b[j] if has_bias else np.float32(0.0))
+                yf[k] = np.float32(0.5) * v * erfc32(v * np.float32(-_INV_SQRT2))
+        elif act == 1:
+            for j in range(o):
+                k = base + np.uint64(j)
+                yf[k] = relu(yf[k] + (b[j] if has_bias else np.float32(0.0)))
+        else:
+            if has_bias:
+                for j in range(o):
+                    k = base + np.uint64(j)
+                    yf[k] = yf[k] + b[j]
+            if act != 0:
+                act_inplace(yf, base, o, np.float32(0.0), act, alpha)
 
 
 @njit(cache=True)

@@ -1,5 +1,5 @@
 """fp32 linear over (N, ..., in) (sequences): the rows of all leading dims as one BLAS GEMM,
-then bias and activation in place."""
+then bias and activation in place (kernels_seqattn.rows_bias_act)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from functools import partial
 
 import numpy as np
 
-from pocket.infer import kernels_fp32 as kf
+from pocket.infer import kernels_seqattn as ks
 from pocket.infer.lowering_common import _EMPTY_F32, _act_code
 from pocket.infer.routes.base import Route, register
 
@@ -34,4 +34,4 @@ class LinearRows(Route):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         x2, y2 = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
         return [partial(np.matmul, x2, d["wT"], out=y2),
-                partial(kf.bias_act_rows, y2, y2, d["b"], _act_code(a), a["alpha"])]
+                partial(ks.rows_bias_act, y2, d["b"], _act_code(a), a["alpha"])]
