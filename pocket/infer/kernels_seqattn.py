@@ -122,3 +122,48 @@ def gather_rows(out, ids, w):
             return i
         out[i, :] = w[t]
     return -1
+
+
+@kernel(contract=True)
+def linear_rows_small(y, x, wt, b, act, alpha):
+    """x (R, K), wt (K, O) (the weights transposed), b (O,) or empty -> y (R, O) =
+    activation(x @ wt + b), one row at a time: a few rows' linear in one call, its bias and
+    activation on the row in L1 (rows_bias_act's loops); float32 sums with FMA, as BLAS's."""
+    r, k = x.shape
+    o = wt.shape[1]
+    yf, xf, wf = y.reshape(-1), x.reshape(-1), wt.reshape(-1)
+    has_bias = b.shape[0] > 0
+    for i in prange(r):
+        yo = np.uint64(i * o)
+        for j in range(o):
+            yf[yo + np.uint64(j)] = b[j] if has_bias else np.float32(0.0)
+        for kk in range(k):
+            xv = xf[np.uint64(i * k + kk)]
+            wo = np.uint64(kk * o)
+            for j in range(o):
+                yf[yo + np.uint64(j)] += xv * wf[wo + np.uint64(j)]
+        if act == 5:
+            for j in range(o):
+                v = yf[yo + np.uint64(j)]
+                yf[yo + np.uint64(j)] = np.float32(0.5) * v * erfc32(v * np.float32(-_INV_SQRT2))
+        elif act == 1:
+            for j in range(o):
+                yf[yo + np.uint64(j)] = relu(yf[yo + np.uint64(j)])
+        elif act != 0:
+            act_inplace(yf, yo, o, np.float32(0.0), act, alpha)
+
+
+@kernel
+def swap_mid(out, x):
+    """x (A, B, C, D) -> out (A, C, B, D) = x.transpose(0, 2, 1, 3): attention's head split
+    and merge, as row copies of D floats (np.copyto of the transposed view took ~3 us a call
+    at batch 1, more than the linear before it)."""
+    a, bb, c, d = x.shape
+    xf, of = x.reshape(-1), out.reshape(-1)
+    for i in prange(a * c):
+        ia, ic = i // c, i % c
+        for ib in range(bb):
+            src = np.uint64(((ia * bb + ib) * c + ic) * d)
+            dst = np.uint64(((ia * c + ic) * bb + ib) * d)
+            for j in range(d):
+                of[dst + np.uint64(j)] = xf[src + np.uint64(j)]

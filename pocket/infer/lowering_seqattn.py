@@ -56,6 +56,8 @@ def _b_matmul(ctx, step, node, n):
 
 def _b_transpose(ctx, step, node, n):
     x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+    if list(node.attrs["perm"]) == [0, 2, 1, 3]:
+        return [partial(ks.swap_mid, y, x)]
     return [partial(np.copyto, y, x.transpose(node.attrs["perm"]))]
 
 

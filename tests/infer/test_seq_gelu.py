@@ -72,3 +72,29 @@ def test_rows_bias_act_in_place():
                     assert np.all(np.abs(y - exact) <= 4 * np.spacing(np.abs(exact).astype(np.float32)))
                 else:
                     np.testing.assert_array_equal(y, np.maximum(z, 0) if name == "relu" else z)
+
+
+def test_linear_rows_small_and_swap_mid():
+    """linear_rows_small (x @ wt + b, then the activation) and swap_mid (transpose(0, 2, 1, 3))
+    against NumPy, serial and parallel, with and without a bias."""
+    from pocket.infer import kernels_seqattn as ks
+
+    x = RNG.standard_normal((9, 3)).astype(np.float32)
+    wt = RNG.standard_normal((3, 11)).astype(np.float32)
+    b = RNG.standard_normal(11).astype(np.float32)
+    for fn in (ks.linear_rows_small, ks.linear_rows_small.serial):
+        for bias in (b, np.empty(0, np.float32)):
+            z = x.astype(np.float64) @ wt + (bias if bias.size else 0.0)
+            for name in ("none", "relu", "gelu"):
+                y = np.full((9, 11), np.nan, np.float32)
+                fn(y, x, wt, bias, kf.ACT[name], 0.0)
+                if name == "gelu":
+                    np.testing.assert_allclose(y, _gelu64(z.reshape(-1)).reshape(z.shape),
+                                               rtol=2e-6, atol=1e-6)
+                else:
+                    np.testing.assert_allclose(y, np.maximum(z, 0) if name == "relu" else z,
+                                               rtol=1e-6, atol=1e-6)
+        a = RNG.standard_normal((2, 3, 5, 4)).astype(np.float32)
+        out = np.empty((2, 5, 3, 4), np.float32)
+        (ks.swap_mid if fn is ks.linear_rows_small else ks.swap_mid.serial)(out, a)
+        np.testing.assert_array_equal(out, a.transpose(0, 2, 1, 3))
