@@ -167,3 +167,15 @@ def swap_mid(out, x):
             dst = np.uint64(((ia * c + ic) * bb + ib) * d)
             for j in range(d):
                 of[dst + np.uint64(j)] = xf[src + np.uint64(j)]
+
+
+@kernel
+def swap_last(out, x):
+    """x (B, L, D) -> out (B, D, L) = x.transpose(0, 2, 1): attention's keys laid out for a
+    plain GEMM (np.matmul with a transposed view of k took 2.7x as long at (256, 16, 16))."""
+    nb, ln, d = x.shape
+    for i in prange(nb):
+        xs, os_ = x[i], out[i]
+        for j in range(ln):
+            for t in range(d):
+                os_[t, j] = xs[j, t]

@@ -1,5 +1,7 @@
 """The engine's vectorized GELU (act_run on erfc32) against float64 math.erfc, NaN and
-infinities included, in unary and in a linear's bias epilogue."""
+infinities included, in unary and in a linear's bias epilogue; and the sequence models' fast
+kernels (kernels_seqattn: rows_bias_act, linear_rows_small, swap_mid, swap_last) against
+NumPy."""
 
 from __future__ import annotations
 
@@ -98,3 +100,13 @@ def test_linear_rows_small_and_swap_mid():
         out = np.empty((2, 5, 3, 4), np.float32)
         (ks.swap_mid if fn is ks.linear_rows_small else ks.swap_mid.serial)(out, a)
         np.testing.assert_array_equal(out, a.transpose(0, 2, 1, 3))
+
+
+def test_swap_last():
+    from pocket.infer import kernels_seqattn as ks
+
+    x = RNG.standard_normal((3, 5, 2)).astype(np.float32)
+    for fn in (ks.swap_last, ks.swap_last.serial):
+        out = np.empty((3, 2, 5), np.float32)
+        fn(out, x)
+        np.testing.assert_array_equal(out, x.transpose(0, 2, 1))
