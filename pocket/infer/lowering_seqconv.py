@@ -110,7 +110,7 @@ def _b_conv1d_fma(ctx, step, node, n, x, y, w, b):
         if q is None:
             calls.append(partial(kf.bias_act, y[b0:b0 + m], yw, 0, lp, b, act, a.get("alpha", 0.0)))
         else:
-            calls.append(partial(ki.requant_sum, y[b0:b0 + m], yw.reshape(1, o, cols), 0, lp,
+            calls.append(partial(ks.requant_one, y[b0:b0 + m], yw, lp,
                                  q["bias_adj"], q["m"], q["to_int8"], q["y_zp"], q["lo"], q["relu"]))
     return calls
 
@@ -155,7 +155,9 @@ def _b_conv1d(ctx: PlanContext, step: int, node: Node, n: int) -> list:
             calls.append(partial(kf.bias_act, y[b0:b1], sums[0], 0, lo, b, _act_code(a),
                                  a.get("alpha", 0.0)))
         else:
-            calls.append(partial(ki.requant_sum, y[b0:b1], sums, 0, lo, q["bias_adj"], q["m"],
+            calls.append(partial(ks.requant_one, y[b0:b1], sums[0], lo, q["bias_adj"], q["m"],
+                                 q["to_int8"], q["y_zp"], q["lo"], q["relu"]) if kc == 1 else
+                         partial(ki.requant_sum, y[b0:b1], sums, 0, lo, q["bias_adj"], q["m"],
                                  q["to_int8"], q["y_zp"], q["lo"], q["relu"]))
     return calls
 
