@@ -104,19 +104,22 @@ def pad_rows(xpad, x, pl, lp, pad):
     n, c, length = x.shape
     r = xpad.shape[1]
     z = np.float32(pad)
+    # NOTE: unsigned flat indices: with signed ones Numba's negative-index wrap kept the copy
+    # scalar (7 us a call at batch 1, more than the GEMM after it)
+    xf, pf = x.reshape(-1), xpad.reshape(-1)
     for ch in prange(c):
-        row = xpad[ch]
+        row = np.uint64(ch * r)
         for b in range(n):
-            base = b * lp
+            base = row + np.uint64(b * lp)
             for t in range(pl):
-                row[base + t] = z
-            src = x[b, ch]
+                pf[base + np.uint64(t)] = z
+            src, dst = np.uint64((b * c + ch) * length), base + np.uint64(pl)
             for t in range(length):
-                row[base + pl + t] = np.float32(src[t])
-            for t in range(base + pl + length, base + lp):
-                row[t] = z
+                pf[dst + np.uint64(t)] = np.float32(xf[src + np.uint64(t)])
+            for t in range(pl + length, lp):
+                pf[base + np.uint64(t)] = z
         for t in range(n * lp, r):
-            row[t] = z
+            pf[row + np.uint64(t)] = z
 
 
 @kernel
