@@ -114,6 +114,79 @@ def exp32(x):
     return (p * np.float32(2.0)) * _f32_from_bits((np.int32(n) + np.int32(126)) << np.int32(23))
 
 
+# NOTE: fitted coefficients (Lawson's minimax on 2000 Chebyshev nodes against mpmath): erf(x)/x
+# as a polynomial in x^2 on [0, 1] (relative error 1.2e-9), and erfc(x) = t exp(g(t) - x^2),
+# t = 1 / (1 + x/2), g of degree 9 on x in [0.5, 10] (absolute error of g 1.2e-9: relative of
+# erfc), the form of Numerical Recipes' erfcc fitted to the shorter range. Twins of these live
+# in pocket/train/kernels_gelu.py (train may not import the engine); a test keeps them equal.
+_ERF_S = tuple(np.float32(c) for c in (
+    1.1283791657283255, -0.3761262582863663, 0.11283585183115163, -0.02685381309907335,
+    0.005188329600206931, -0.0008010208778106132, 7.853907563593205e-05))
+_ERFC_G = tuple(np.float32(c) for c in (
+    -1.265537209849443, 1.0007326329944506, 0.365684097188898, 0.15111676835889706,
+    -0.39726688597077764, 0.7917813613159776, -1.920717135830387, 2.223916263129722,
+    -1.206323394405576, 0.2566458781247586))
+_S0, _S1, _S2, _S3, _S4, _S5, _S6 = _ERF_S
+_G0, _G1, _G2, _G3, _G4, _G5, _G6, _G7, _G8, _G9 = _ERFC_G
+
+
+@njit(cache=True, inline="always")
+def _erf_small(x):
+    # erf(x) for |x| <= 1
+    u = x * x
+    p = _S6
+    p = p * u + _S5
+    p = p * u + _S4
+    p = p * u + _S3
+    p = p * u + _S2
+    p = p * u + _S1
+    p = p * u + _S0
+    return x * p
+
+
+@njit(cache=True, inline="always")
+def _erfc_large(a):
+    # erfc(a) for a >= 0.5 (junk below: computed anyway, so that callers select branch-free)
+    t = fdiv(np.float32(1.0), np.float32(1.0) + np.float32(0.5) * a)
+    g = _G9
+    g = g * t + _G8
+    g = g * t + _G7
+    g = g * t + _G6
+    g = g * t + _G5
+    g = g * t + _G4
+    g = g * t + _G3
+    g = g * t + _G2
+    g = g * t + _G1
+    g = g * t + _G0
+    r = t * exp32(g - a * a)
+    return np.float32(0.0) if a > np.float32(10.0) else r
+
+
+@njit(cache=True, inline="always")
+def erf32(x):
+    """erf(x) in float32 within 2.4 ulp (NaN stays NaN, erf(+-inf) = +-1), vectorizable (as
+    exp32: math.erf is a libm call an element, ~12 ns; in a vector loop this is ~1): both
+    pieces are computed and one selected, so a loop of it has no branch."""
+    a = abs(x)
+    s = _erf_small(x)
+    c = np.float32(1.0) - _erfc_large(a)
+    c = c if x >= np.float32(0.0) else -c
+    return s if a < np.float32(1.0) else c
+
+
+@njit(cache=True, inline="always")
+def erfc32(x):
+    """erfc(x) in float32 without 1 - erf's cancellation for x > 0: within 7 ulp for x < 1,
+    then relative 1.2e-6 to x = 3 and 7.8e-6 to x = 9.19 (the float32 rounding of exp's
+    argument -x^2, growing with x^2); below 1.2e-38 (x > 9.19) tiny or 0. GELU is
+    x * erfc32(-x / sqrt2) / 2: its left tail keeps its relative accuracy."""
+    a = abs(x)
+    s = np.float32(1.0) - _erf_small(x)
+    e = _erfc_large(a)
+    c = e if x >= np.float32(0.0) else np.float32(2.0) - e
+    return s if a < np.float32(0.5) else c
+
+
 # NOTE: contract (FMA contraction only, see jit.kernel): exp32's polynomial as FMAs ran SiLU at
 # 0.51 ns an element, 0.87 without; the results move by float32 rounding only
 @njit(cache=True, fastmath={"contract"})
@@ -121,8 +194,9 @@ def act_run(dst, d0, src, s0, n, bo, act, alpha):
     """dst[d0 + i] = activation(src[s0 + i] + bo) for i < n, dst and src apart (in place:
     act_inplace): one loop per activation, so each vectorizes: none/ReLU/relu6
     exact in float32, hardswish and hardsigmoid in float64 rounded once (equal to
-    activate()), sigmoid and SiLU in float32 on exp32 (within a few ulp of activate():
-    float32 rounding, as the GEMMs' sums); the others scalar through activate().
+    activate()), sigmoid and SiLU in float32 on exp32, GELU on erfc32 (within a few ulp of
+    activate(): float32 rounding, as the GEMMs' sums; GELU's left tail within 1e-6 relative
+    to x = -4.2, 8e-6 to -13); the others scalar through activate().
 
     NOTE: a function of its own, not inlined: its vector loops took 2-3 s to compile, which
     inlined into each epilogue kernel made a cold first run (and the suite) minutes longer."""
@@ -162,6 +236,10 @@ def _act_loops(dst, d0, src, s0, n, bo, act, alpha):
         for i in range(n):
             v = src[s + np.uint64(i)] + bo
             dst[d + np.uint64(i)] = fdiv(v, np.float32(1.0) + exp32(-v))  # silu
+    elif act == 5:
+        for i in range(n):
+            v = src[s + np.uint64(i)] + bo
+            dst[d + np.uint64(i)] = np.float32(0.5) * v * erfc32(v * np.float32(-_INV_SQRT2))
     elif act == 7:
         for i in range(n):
             dst[d + np.uint64(i)] = activate(np.float64(src[s + np.uint64(i)] + bo), 7, alpha)

@@ -15,6 +15,7 @@ from numba import prange
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import activate, nanmax
+from pocket.infer.kernels_int8 import _epilogue
 
 
 @kernel
@@ -103,16 +104,37 @@ def pad_rows(xpad, x, pl, lp, pad):
     n, c, length = x.shape
     r = xpad.shape[1]
     z = np.float32(pad)
+    # NOTE: unsigned flat indices: with signed ones Numba's negative-index wrap kept the copy
+    # scalar (7 us a call at batch 1, more than the GEMM after it)
+    xf, pf = x.reshape(-1), xpad.reshape(-1)
     for ch in prange(c):
-        row = xpad[ch]
+        row = np.uint64(ch * r)
         for b in range(n):
-            base = b * lp
+            base = row + np.uint64(b * lp)
             for t in range(pl):
-                row[base + t] = z
-            src = x[b, ch]
+                pf[base + np.uint64(t)] = z
+            src, dst = np.uint64((b * c + ch) * length), base + np.uint64(pl)
             for t in range(length):
-                row[base + pl + t] = np.float32(src[t])
-            for t in range(base + pl + length, base + lp):
-                row[t] = z
+                pf[dst + np.uint64(t)] = np.float32(xf[src + np.uint64(t)])
+            for t in range(pl + length, lp):
+                pf[base + np.uint64(t)] = z
         for t in range(n * lp, r):
-            row[t] = z
+            pf[row + np.uint64(t)] = z
+
+
+@kernel
+def requant_one(out, y, cb, bias_adj, m, to_int8, y_zp, lo, relu):
+    """y (O, cols) f32, one GEMM's sums of int8 codes (exact integers: K <= EXACT_K) ->
+    out (N, O, P) i8 or f32, the row of (sequence i, channel o) at y[o, i*cb:i*cb + P]:
+    kernels_int8.requant_sum's result for one chunk of K, bit for bit.
+
+    NOTE: the sum plus the bias adjustment in float64 (exact: integers below 2**53), not
+    through int64: the float-int64 conversions kept requant_sum's loop scalar (45% of tcn's
+    int8 engine call at batch 64)."""
+    n, o, p = out.shape
+    for r in prange(n * o):
+        b, oc = r // o, r % o
+        badj, mo = np.float64(bias_adj[oc]), m[oc]
+        dst, row = out[b, oc], y[oc, b * cb:b * cb + p]
+        for i in range(p):
+            dst[i] = _epilogue(np.float64(row[i]) + badj, mo, y_zp, lo, to_int8, relu)

@@ -20,9 +20,10 @@ def rows_linear(ctx: PlanContext, node: Node) -> bool:
 
 
 def _prep_attention(ctx: PlanContext, node: Node) -> dict:
-    h, lq, _ = ctx.sample[node.inputs[0]]
+    h, lq, d = ctx.sample[node.inputs[0]]
     ls = ctx.sample[node.inputs[1]][1]
-    return {"scratch_bytes": aligned(ctx.max_batch * h * lq * ls * 4)}
+    at = aligned(ctx.max_batch * h * lq * ls * 4)  # the scores, then k transposed
+    return {"scratch_bytes": at + aligned(ctx.max_batch * h * d * ls * 4), "kt_at": at}
 
 
 PREPARE = {"attention": _prep_attention}
@@ -56,6 +57,8 @@ def _b_matmul(ctx, step, node, n):
 
 def _b_transpose(ctx, step, node, n):
     x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+    if list(node.attrs["perm"]) == [0, 2, 1, 3]:
+        return [partial(ks.swap_mid, y, x)]
     return [partial(np.copyto, y, x.transpose(node.attrs["perm"]))]
 
 
@@ -67,8 +70,9 @@ def _b_attention(ctx, step, node, n):
     nb, lq, ls = n * q.shape[1], q.shape[2], k.shape[2]
     scale = node.attrs.get("scale") or 1.0 / math.sqrt(q.shape[3])
     s = ctx.scratch(step, np.float32, (nb, lq, ls))
-    return [partial(np.matmul, q.reshape(nb, lq, -1), k.reshape(nb, ls, -1).transpose(0, 2, 1),
-                    out=s),
+    kt = ctx.scratch(step, np.float32, (nb, q.shape[3], ls), ctx.prep[step]["kt_at"])
+    return [partial(ks.swap_last, kt, k.reshape(nb, ls, -1)),
+            partial(np.matmul, q.reshape(nb, lq, -1), kt, out=s),
             partial(ks.attention_probs, s.reshape(nb * lq, ls), float(scale),
                     bool(node.attrs["causal"]), lq),
             partial(np.matmul, s, v.reshape(nb, ls, -1), out=y.reshape(nb, lq, -1))]

@@ -32,10 +32,10 @@ def _prep_ssm(ctx: PlanContext, node) -> dict:
     if stream and bidir:
         raise EngineError(f"node '{node.name}': a bidirectional ssm reads the future and cannot "
                           "be streamed; stream a causal (bidirectional = false) model")
-    c = np.ascontiguousarray
-    return {"da_re": c(da.real), "da_im": c(da.imag), "w_re": c(w.real), "w_im": c(w.imag),
-            "d": np.asarray(p["d"], np.float64), "stream": stream,
-            "state": [np.zeros((2, ctx.max_batch, h, s)) for _ in range(w.shape[0])]}
+    c = np.ascontiguousarray  # (S, H) and (D, S, H): channels are ssm_scan's vector lanes
+    return {"da_re": c(da.real.T), "da_im": c(da.imag.T), "w_re": c(w.real.transpose(0, 2, 1)),
+            "w_im": c(w.imag.transpose(0, 2, 1)), "d": np.asarray(p["d"], np.float64),
+            "stream": stream, "state": [np.zeros((2, ctx.max_batch, s, h)) for _ in range(w.shape[0])]}
 
 
 def _b_ssm(ctx: PlanContext, step: int, node, n: int) -> list:

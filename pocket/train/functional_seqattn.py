@@ -20,9 +20,25 @@ def _xp(a):
 
 # ---------------------------------------------------------------- layer norm
 
+def _cpu_rows(*arrays) -> bool:
+    # the one-pass row kernels (kernels_seqattn): CPU arrays of one dtype, float32 or float64
+    return (_xp(arrays[0]) is np and arrays[0].dtype in (np.float32, np.float64)
+            and all(a.dtype == arrays[0].dtype for a in arrays))
+
+
 def _layer_norm_fwd(ctx, x, w, b, axis=-1, eps=1e-5):
     # x (..., *S), w/b S -> y like x; statistics over the trailing dims S (from `axis` on)
     axes = tuple(range(axis % x.ndim, x.ndim))
+    ctx.attrs["axes"] = axes
+    if _cpu_rows(x, w, b):
+        from pocket.train import kernels_seqattn as K
+
+        x2 = np.ascontiguousarray(x).reshape(-1, w.size)
+        y, xhat = np.empty_like(x2), np.empty_like(x2)
+        invstd = np.empty(x2.shape[0], x.dtype)
+        K.layer_norm_forward(x2, w.reshape(-1), b.reshape(-1), eps, y, xhat, invstd)
+        ctx.save(xhat, invstd, w)
+        return y.reshape(x.shape)
     # NOTE: fp16 statistics are taken in fp32: a sum of squares over D fp16 values loses its
     # low bits long before the mean does.
     xa = x.astype(np.float32) if x.dtype == np.float16 else x
@@ -32,13 +48,22 @@ def _layer_norm_fwd(ctx, x, w, b, axis=-1, eps=1e-5):
     invstd = 1.0 / _xp(x).sqrt(var + eps)
     xhat = (xc * invstd).astype(x.dtype, copy=False)
     ctx.save(xhat, invstd.astype(x.dtype, copy=False), w)
-    ctx.attrs["axes"] = axes
     return xhat * w.astype(x.dtype, copy=False) + b.astype(x.dtype, copy=False)
 
 
 def _layer_norm_bwd(ctx, gy):
     xhat, invstd, w = ctx.saved
     axes = ctx.attrs["axes"]
+    if invstd.ndim == 1 and _cpu_rows(gy, xhat):  # the forward ran kernels_seqattn
+        from pocket.train import kernels_seqattn as K
+
+        gy2 = np.ascontiguousarray(gy).reshape(xhat.shape)
+        gx = np.empty_like(gy2)
+        gw, gb = np.zeros(w.size), np.zeros(w.size)
+        K.layer_norm_backward(gy2, xhat, invstd, w.reshape(-1), gx, gw, gb)
+        return (gx.reshape(gy.shape) if ctx.needs[0] else None,
+                gw.astype(w.dtype).reshape(w.shape) if ctx.needs[1] else None,
+                gb.astype(w.dtype).reshape(w.shape) if ctx.needs[2] else None)
     lead = tuple(range(axes[0]))
     gw = (gy * xhat).sum(axis=lead) if ctx.needs[1] else None
     gb = gy.sum(axis=lead) if ctx.needs[2] else None
@@ -130,9 +155,15 @@ def _attention_fwd(ctx, q, k, v, causal=False, scale=1.0, dropout_p=0.0, rng=Non
     s = (q @ k.swapaxes(-1, -2)) * q.dtype.type(scale)
     if causal:
         s += causal_mask(xp, q.shape[-2], k.shape[-2], s.dtype)
-    s -= s.max(axis=-1, keepdims=True)
-    p = xp.exp(s, out=s)
-    p /= p.sum(axis=-1, keepdims=True)
+    if _cpu_rows(s) and s.flags.c_contiguous:
+        from pocket.train import kernels_seqattn as K
+
+        (K.softmax_rows32 if s.dtype == np.float32 else K.softmax_rows64)(s.reshape(-1, s.shape[-1]))
+        p = s
+    else:
+        s -= s.max(axis=-1, keepdims=True)
+        p = xp.exp(s, out=s)
+        p /= p.sum(axis=-1, keepdims=True)
     mask = None
     if dropout_p:
         mask = backend.dropout_mask(p.shape, p, dropout_p, rng)
@@ -157,8 +188,14 @@ def _attention_bwd(ctx, gy):
         if mask is not None:
             gp *= mask
         # softmax backward; masked entries have p = 0 and so get no gradient
-        gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True))
-        gs *= scale
+        if _cpu_rows(gp, p) and gp.flags.c_contiguous and p.flags.c_contiguous:
+            from pocket.train import kernels_seqattn as K
+
+            K.softmax_backward_rows(p.reshape(-1, p.shape[-1]), gp.reshape(-1, gp.shape[-1]), scale)
+            gs = gp
+        else:
+            gs = p * (gp - (gp * p).sum(axis=-1, keepdims=True))
+            gs *= scale
         gq = gs @ k if n[0] else None
         gk = gs.swapaxes(-1, -2) @ q if n[1] else None
     return gq, gk, gv

@@ -200,3 +200,22 @@ def test_int8_conv1d_engine_matches_reference_exactly(c, fp32_route):
             x = rng.standard_normal((n, c, 9)).astype(np.float32)
             want = ref.run(q.graph, q.params, x, q.quant)[q.graph.outputs[0]]
             np.testing.assert_array_equal(eng.run(x), want)
+
+
+@pytest.mark.parametrize("to_int8,relu", [(True, False), (True, True), (False, True)])
+def test_requant_one_equals_requant_sum(to_int8, relu):
+    """requant_one (one chunk of K, the sum in float64) gives requant_sum's codes bit for bit."""
+    from pocket.infer import kernels_int8 as ki
+
+    rng = np.random.default_rng(9)
+    n, o, p, cb = 3, 5, 7, 9
+    y = rng.integers(-2**23, 2**23, (o, n * cb)).astype(np.float32)  # exact integer sums
+    bias_adj = rng.integers(-2**20, 2**20, o).astype(np.int64)
+    m = rng.uniform(1e-7, 1e-5, o)
+    lo = np.array([-128.0, 127.0, 3.4e38]) if to_int8 else np.array([0.0, 0.0, 50.0])
+    dt = np.int8 if to_int8 else np.float32
+    want, got = np.empty((n, o, p), dt), np.empty((n, o, p), dt)
+    ki.requant_sum.serial(want, y.reshape(1, o, -1), 0, cb, bias_adj, m, to_int8, 3.0, lo, relu)
+    for fn in (ks.requant_one, ks.requant_one.serial):
+        fn(got, y, cb, bias_adj, m, to_int8, 3.0, lo, relu)
+        np.testing.assert_array_equal(got, want)

@@ -126,3 +126,15 @@ def test_s4d_learns_a_delay():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.3 * losses[0]
+
+
+def test_fft_length_and_doubling_powers():
+    """The FFT size fits a linear convolution; the kernel's powers ez**l (by doubling) match
+    exp(l z) computed directly, for lengths that are and are not powers of two."""
+    assert [FS.fft_length(n) for n in (1, 2, 3, 104, 128, 129)] == [1, 4, 8, 256, 256, 512]
+    rng = np.random.default_rng(5)
+    z = -np.abs(rng.standard_normal((3, 4))) * 0.1 + 1j * rng.standard_normal((3, 4))
+    for length in (1, 2, 7, 16, 104):
+        want = np.exp(z[:, :, None] * np.arange(length))
+        got = FS._doubling_powers(np, np.exp(z), length)
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
