@@ -77,18 +77,27 @@ def test_gemm_explicit_rows(nb, o, k, m, shift, serial):
         np.testing.assert_allclose(c[b], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
+# gemm's epi codes past 2 (routes.conv_fma_1x1): the activation of sums + bias, in float64
+TILE_ACTS = {0: lambda v: v, 2: lambda v: np.maximum(v, 0), 3: lambda v: v / (1 + np.exp(-v)),
+             4: lambda v: 1 / (1 + np.exp(-v)), 5: lambda v: np.clip(v, 0, 6)}
+
+
 @needs_fma
 @pytest.mark.parametrize("serial", [False, True])
-@pytest.mark.parametrize("epi", [0, 2])
+@pytest.mark.parametrize("epi", sorted(TILE_ACTS))
 @pytest.mark.parametrize("nb,o,k,m", [(1, 8, 5, 1), (2, 13, 7, 9), (1, 6, 3, 17), (3, 64, 16, 49),
                                       (1, 24, 300, 31), (2, 100, 40, 169), (1, 16, 64, 3025)])
 def test_gemm_masked_tail(nb, o, k, m, epi, serial):
     """m not a multiple of 16 (a 1x1 conv's H*W, routes.conv_fma_1x1): the last m % 16 pixels
     run masked. X ends on a guard page (a read past it faults) and C is followed by NaN
-    sentinels (a write past it shows); every output, the tail's too, is the GEMM's."""
+    sentinels (a write past it shows); every output, the tail's too, is the GEMM's, through
+    the tiles' activations (SiLU and sigmoid on the float32 exp polynomial); a NaN input
+    pixel gives NaN outputs in its column whatever the activation."""
     from route_fuzz import guarded_copy
 
-    x = guarded_copy(RNG.standard_normal((nb, k, m)).astype(np.float32))
+    x = 3 * RNG.standard_normal((nb, k, m)).astype(np.float32)
+    x[0, 0, m - 1] = np.nan
+    x = guarded_copy(x)
     w = RNG.standard_normal((o, k)).astype(np.float32)
     b = RNG.standard_normal(o).astype(np.float32)
     flat = np.full(nb * o * m + 64, np.nan, np.float32)
@@ -97,8 +106,8 @@ def test_gemm_masked_tail(nb, o, k, m, epi, serial):
     fn(c, w, x, kfma.row_offsets(k, m), nb, o, m, k * m, 0, k, o * m, m, b if epi else NO_BIAS, epi)
     assert np.isnan(flat[nb * o * m:]).all()
     for i in range(nb):
-        want = _naive(w, x[i]) + (b[:, None] if epi else 0)
-        want = np.maximum(want, 0) if epi == 2 else want
+        want = TILE_ACTS[epi](_naive(w, x[i]) + (b[:, None] if epi else 0))
+        np.testing.assert_array_equal(np.isnan(c[i]), np.isnan(want))
         np.testing.assert_allclose(c[i], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 

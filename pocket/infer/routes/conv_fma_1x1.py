@@ -1,7 +1,8 @@
 """fp32 1x1 conv (stride 1, no padding, groups 1) on kernels_fma (AVX-512): each image's
 (C, H*W) is already the GEMM's X, so one GEMM over the images reads x in place and writes the
-NCHW output with the bias (and a ReLU) in registers; other activations take one pass over the
-output, in place. The last pixels of an image (H*W not a multiple of 16) run masked.
+NCHW output with the bias and the activation (ReLU, relu6, SiLU, sigmoid) in registers; other
+activations take one pass over the output, in place. The last pixels of an image (H*W not a
+multiple of 16) run masked.
 
 NOTE: conv_fma_pitch, before this, copied each image into its padded scratch and the result
 out of its own (pad_images + bias_act_pitch): on SqueezeNet's and EfficientNet-B0's 1x1 convs
@@ -12,11 +13,22 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
+
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
-from pocket.infer.lowering_common import _act_alpha, _act_code, _register_epi
+from pocket.infer.lowering_common import _act_alpha, _act_code
 from pocket.infer.routes.base import Route, conv_prep, register
 from pocket.infer.routes.conv_fma_cols import fma_limits
+
+
+def register_epi(act: int, alpha: float) -> int | None:
+    """kernels_fma.gemm's epi (bias, then the tiles' activation) for ACT code act, or None."""
+    if act == kf.ACT["clip"]:
+        return 1 + kfma.MODE_RELU6 if alpha == 6.0 else None
+    modes = {kf.ACT["none"]: 0, kf.ACT["relu"]: 1, kf.ACT["silu"]: kfma.MODE_SILU,
+             kf.ACT["sigmoid"]: kfma.MODE_SIGMOID}
+    return 1 + modes[act] if act in modes else None
 
 
 @register
@@ -32,6 +44,8 @@ class ConvFma1x1(Route):
         d = conv_prep(ctx, node, self.name)
         d["w2"] = d["w"].reshape(d["o"], d["k"])
         d["offs"] = kfma.row_offsets(d["k"], d["p"])
+        # the register epilogue adds a bias: zeros where the conv has none
+        d["b_reg"] = d["b"] if d["b"].size else np.zeros(d["o"], np.float32)
         return d
 
     def bind(self, ctx, step, node, d, n, pool=None):
@@ -39,13 +53,10 @@ class ConvFma1x1(Route):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         o, k, p = d["o"], d["k"], d["p"]
         act, alpha = _act_code(a), _act_alpha(a)
-        epi = _register_epi(d["b"], act)
-        post = epi is None  # an activation the GEMM's registers do not do
-        if post:
-            epi = 1 if d["b"].size else 0
+        epi = register_epi(act, alpha)
         calls = [partial(kfma.gemm, y.reshape(n, o, p), d["w2"], x.reshape(n, k, p), d["offs"], n, o, p,
-                         k * p, 0, k, o * p, p, d["b"], epi)]
-        if post:
+                         k * p, 0, k, o * p, p, d["b_reg"], 1 if epi is None else epi)]
+        if epi is None:  # an activation the GEMM's registers do not do: one pass, in place
             flat = y.reshape(-1)
             calls.append(partial(kf.unary, flat, flat, act, alpha))
         return calls
