@@ -84,6 +84,20 @@ def test_conv2d_fp32_activations(act, fp32_route):
     assert_close(got, want, scale=27)
 
 
+@pytest.mark.parametrize("act", ["none", "relu", "clip", "sigmoid", "silu", "hardswish", "gelu"])
+@pytest.mark.parametrize("hw", [(1, 1), (5, 4)])
+@pytest.mark.parametrize("n", [1, 3, 20])
+def test_conv2d_1x1_fp32_activations(act, hw, n, fp32_route):
+    """1x1 convs (AVX-512: conv_fma_1x1) with each activation fused: in the GEMM's registers
+    (ReLU, relu6, sigmoid, SiLU), in a pass after (the others); on a 1x1 map at a small batch
+    as dot products (gemv); without a bias at an odd batch."""
+    params = _conv_params(6, 9, 1, 1, 1, bias=n != 3)
+    x = (2 * RNG.standard_normal((n, 6, *hw))).astype(np.float32)
+    node = Node("conv", "conv2d", ["x", *params], ["y"], {"activation": act, "max": 6.0})
+    got, want = run_both(x, [node], params, max_batch=20)
+    assert_close(got, want, scale=6)
+
+
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("n", [1, 7, 17, 40])
 @pytest.mark.parametrize("bias", [True, False])

@@ -2,7 +2,9 @@
 (C, H*W) is already the GEMM's X, so one GEMM over the images reads x in place and writes the
 NCHW output with the bias and the activation (ReLU, relu6, SiLU, sigmoid) in registers; other
 activations take one pass over the output, in place. The last pixels of an image (H*W not a
-multiple of 16) run masked.
+multiple of 16) run masked. On a 1x1 map (a squeeze-and-excitation conv after its pool) at
+a small batch it is a linear's rows: dot products (kernels_fma.gemv), not a GEMM that fills one
+lane in 16.
 
 NOTE: conv_fma_pitch, before this, copied each image into its padded scratch and the result
 out of its own (pad_images + bias_act_pitch): on SqueezeNet's and EfficientNet-B0's 1x1 convs
@@ -17,9 +19,10 @@ import numpy as np
 
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
-from pocket.infer.lowering_common import _act_alpha, _act_code
+from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _register_epi
 from pocket.infer.routes.base import Route, conv_prep, register
 from pocket.infer.routes.conv_fma_cols import fma_limits
+from pocket.infer.routes.linear_fma import FMA_LINEAR_ROWS
 
 
 def register_epi(act: int, alpha: float) -> int | None:
@@ -53,6 +56,13 @@ class ConvFma1x1(Route):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         o, k, p = d["o"], d["k"], d["p"]
         act, alpha = _act_code(a), _act_alpha(a)
+        if p == 1 and n < FMA_LINEAR_ROWS:
+            y2, x2 = y.reshape(n, o), x.reshape(n, k)
+            epi = _register_epi(d["b"], act)
+            if epi is not None:
+                return [partial(kfma.gemv, y2, x2, d["w2"], d["b"], epi)]
+            return [partial(kfma.gemv, y2, x2, d["w2"], _EMPTY_F32, 0),
+                    partial(kf.bias_act_rows, y2, y2, d["b"], act, alpha)]
         epi = register_epi(act, alpha)
         calls = [partial(kfma.gemm, y.reshape(n, o, p), d["w2"], x.reshape(n, k, p), d["offs"], n, o, p,
                          k * p, 0, k, o * p, p, d["b_reg"], 1 if epi is None else epi)]
