@@ -21,8 +21,9 @@ ARM gets), ratioed against the same onnxruntime runs.
 icount: `../shared/tools/arm64-env icount` runs one warm call of each framework on the emulated
 Cortex-A72 (pi4) or A76 (pi5), one thread, between os.close(-4200) / os.close(-4201) markers, and
 reports guest instructions per inference (the ARM speed proxy: emulated time is not speed). The
-arm64 root needs `PY_PKGS="numpy numba onnxruntime" arm64-env setup`; run `PI=pi4 arm64-env setup`
-again before a Pi 4 count after a Pi 5 one (it rewrites the fake /proc/cpuinfo).
+arm64 root needs `PY_PKGS="numpy numba onnxruntime" arm64-env setup` (`arm64-env icount` writes the
+Pi's /proc/cpuinfo itself). Each Pi keeps its Numba cache (/tmp/arm64-numba-cache-$PI): a first
+count compiles every kernel under emulation (tens of minutes), later ones load them.
 
 `--split` adds, for pocket, one more warm call with a marker before each bound kernel call:
 instructions per kernel (summed by kernel name), the table's "where it goes" list.

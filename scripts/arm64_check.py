@@ -414,6 +414,10 @@ def verify(in_dir: Path, names: list[str] | None) -> int:
                          "pocket.export", "pocket.cli") if m in sys.modules]
     t_import = time.perf_counter() - t_import
     info = _machine()
+    from pocket.infer import kernels_sdot
+
+    # the ARM dotprod int8 kernels (routes/conv_sdot.py): on a Pi 5, never on a Pi 4 (SIGILL)
+    info["int8_sdot"] = kernels_sdot.AVAILABLE
     print("this side: " + ", ".join(f"{k}={v}" for k, v in info.items()))
     print("x86 side: " + ", ".join(f"{k}={v}" for k, v in manifest["made_on"].items()))
     print(f"NUMBA_CACHE_DIR={os.environ.get('NUMBA_CACHE_DIR')}; import pocket.infer "
