@@ -51,7 +51,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 MODELS_DIR = RESULTS / "models" / "edge"
-ARM64_ENV = ROOT.parent / "shared" / "tools" / "arm64-env"
+# ../shared/tools/arm64-env beside the checkout; ARM64_ENV=path for another place (a worktree)
+ARM64_ENV = Path(os.environ.get("ARM64_ENV", ROOT.parent / "shared" / "tools" / "arm64-env"))
 CALIB = 64
 CLASSES = 1000
 
@@ -259,8 +260,10 @@ def icount(pi: str, name: str, files: dict, precisions, timeout: int,
         for prec in precisions:
             counts, kernels = {}, {}
             for fw, ext in (("pocket", "bin"), ("onnxruntime", "onnx")):
-                env = {**os.environ, "PI": pi, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                       "OPENBLAS_NUM_THREADS": "1", "TMO": str(timeout)}
+                # NOTE: no NUMBA_CACHE_DIR from here (an x86 one): each Pi keeps its own cache
+                env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+                env.update(PI=pi, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                           OPENBLAS_NUM_THREADS="1", TMO=str(timeout))
                 cmd = [str(ARM64_ENV), "icount", str(script), fw, str(files[f"{prec}.{ext}"]),
                        shape] + (["split"] if split else [])
                 t = time.perf_counter()
