@@ -1,7 +1,8 @@
 """kernels_sdot and routes/conv_sdot (ARM dotprod int8 1x1 convs): the CPU gate, the packing and
 the weight padding against NumPy twins (plain Numba: they run anywhere), the route's limits,
-and where the CPU has dotprod (`PI=pi5 ../shared/tools/arm64-env python -m pytest` this file)
-the sdot GEMM against NumPy and the route against formats/reference.py and its portable twin
+and where the CPU has dotprod (`PI=pi5 ../shared/tools/arm64-env python -m pytest -p
+no:cacheprovider` this file, with pytest in the root: PY_PKGS="numpy numba onnxruntime pytest"
+at setup) the sdot GEMM against NumPy and the route against formats/reference.py and its portable twin
 conv_int8_blas, bit for bit. Under PI=pi4 (Cortex-A72, no dotprod) the route must not be
 chosen: an sdot there is SIGILL."""
 
