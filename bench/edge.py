@@ -5,6 +5,7 @@ batch 1, at the architectures' usual input sizes (issue 23's benchmark).
     python bench/edge.py --models mobilenet_v2 --repeats 9
     python bench/edge.py --portable                       # also the portable path (what ARM runs)
     python bench/edge.py --icount pi4,pi5 --models mobilenet_v2   # emulated Pi guest instructions
+    python bench/edge.py --icount pi5 --split --out edge_arm     # ... and pocket's per kernel
 
 Each architecture is the zoo model (pocket.train.models) with random weights and BatchNorm
 statistics away from the identity, traced, checkpointed with a random calibration set and exported
@@ -20,10 +21,15 @@ ARM gets), ratioed against the same onnxruntime runs.
 icount: `../shared/tools/arm64-env icount` runs one warm call of each framework on the emulated
 Cortex-A72 (pi4) or A76 (pi5), one thread, between os.close(-4200) / os.close(-4201) markers, and
 reports guest instructions per inference (the ARM speed proxy: emulated time is not speed). The
-arm64 root needs `PY_PKGS="numpy numba onnxruntime" arm64-env setup`; run `PI=pi4 arm64-env setup`
-again before a Pi 4 count after a Pi 5 one (it rewrites the fake /proc/cpuinfo).
+arm64 root needs `PY_PKGS="numpy numba onnxruntime" arm64-env setup` (`arm64-env icount` writes the
+Pi's /proc/cpuinfo itself). Each Pi keeps its Numba cache (/tmp/arm64-numba-cache-$PI): a first
+count compiles every kernel under emulation (tens of minutes), later ones load them.
 
-Writes bench/results/edge.{json,md}; ratios are pocket / onnxruntime (lower wins).
+`--split` adds, for pocket, one more warm call with a marker before each bound kernel call:
+instructions per kernel (summed by kernel name), the table's "where it goes" list.
+
+Writes bench/results/edge.{json,md} (`--out NAME`: NAME.{json,md}); ratios are pocket /
+onnxruntime (lower wins).
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 MODELS_DIR = RESULTS / "models" / "edge"
-ARM64_ENV = ROOT.parent / "shared" / "tools" / "arm64-env"
+# ../shared/tools/arm64-env beside the checkout; ARM64_ENV=path for another place (a worktree)
+ARM64_ENV = Path(os.environ.get("ARM64_ENV", ROOT.parent / "shared" / "tools" / "arm64-env"))
 CALIB = 64
 CLASSES = 1000
 
@@ -185,10 +192,21 @@ import os, sys
 import numpy as np
 sys.path.insert(0, {root!r})
 fw, path, shape = sys.argv[1], sys.argv[2], tuple(int(d) for d in sys.argv[3].split(","))
+split = len(sys.argv) > 4
 x = np.random.default_rng(1).random((1, *shape), dtype=np.float32)
+
+
+def mark(k):
+    try:
+        os.close(-4200 - k)
+    except OSError:
+        pass
+
+
 if fw == "pocket":
     from pocket.infer import Engine
-    fn = Engine(path, threads=1, max_batch=1).run
+    eng = Engine(path, threads=1, max_batch=1)
+    fn = eng.run
 else:
     import onnxruntime as ort
     so = ort.SessionOptions()
@@ -197,17 +215,41 @@ else:
     name = s.get_inputs()[0].name
     fn = lambda a: s.run(None, {{name: a}})[0]
 fn(x); fn(x)
-for k in (0, 1):
-    try:
-        os.close(-4200 - k)
-    except OSError:
-        pass
-    if k == 0:
-        fn(x)
+mark(0)
+fn(x)
+mark(1)
+if split and fw == "pocket":
+    # the same warm call, one marker before each bound kernel call: instructions per kernel
+    bound = eng._bound[1]
+    for name_, dst in bound.inputs.items():
+        np.copyto(dst, x)
+    names = []
+    for c in bound.calls:
+        f = getattr(c, "func", c)
+        n = str(getattr(f, "__qualname__", None) or getattr(f, "__name__", None) or f)
+        n = n.rsplit(".", 1)[-1]
+        names.append(n[:-7] if n.endswith("_serial") else n)
+    print("SPLIT " + " ".join(n.replace(" ", "_") for n in names), file=sys.stderr, flush=True)
+    for c in bound.calls:
+        mark(2)
+        c()
+    mark(3)
 """
 
 
-def icount(pi: str, name: str, files: dict, precisions, timeout: int) -> list[dict]:
+def _split(stderr: str) -> dict[str, int]:
+    """Instructions per kernel name of the split run (markers -4202 before each call, -4203
+    after the last), summed over the calls of one name."""
+    names = next((ln.split()[1:] for ln in stderr.splitlines() if ln.startswith("SPLIT ")), [])
+    marks = [int(v) for v in re.findall(r"ICOUNT -420[23] (\d+)", stderr)]
+    out: dict[str, int] = {}
+    for name, a, b in zip(names, marks, marks[1:]):
+        out[name] = out.get(name, 0) + b - a
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def icount(pi: str, name: str, files: dict, precisions, timeout: int,
+           split: bool = False) -> list[dict]:
     if not ARM64_ENV.exists():
         raise SystemExit(f"bench/edge.py: {ARM64_ENV} is not there; --icount needs arm64-env")
     shape = ",".join(map(str, ARCHS[name][0]))
@@ -216,22 +258,31 @@ def icount(pi: str, name: str, files: dict, precisions, timeout: int) -> list[di
         script = Path(tmp) / "icount_run.py"
         script.write_text(_ICOUNT_SCRIPT.format(root=str(ROOT)))
         for prec in precisions:
-            counts = {}
+            counts, kernels = {}, {}
             for fw, ext in (("pocket", "bin"), ("onnxruntime", "onnx")):
-                env = {**os.environ, "PI": pi, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                       "OPENBLAS_NUM_THREADS": "1", "TMO": str(timeout)}
-                p = subprocess.run([str(ARM64_ENV), "icount", str(script), fw,
-                                    str(files[f"{prec}.{ext}"]), shape], env=env, cwd=ROOT,
-                                   capture_output=True, text=True)
-                marks = dict(re.findall(r"ICOUNT (-42\d\d) (\d+)", p.stderr))
+                # NOTE: no NUMBA_CACHE_DIR from here (an x86 one): each Pi keeps its own cache
+                env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+                env.update(PI=pi, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1",
+                           OPENBLAS_NUM_THREADS="1", TMO=str(timeout))
+                cmd = [str(ARM64_ENV), "icount", str(script), fw, str(files[f"{prec}.{ext}"]),
+                       shape] + (["split"] if split else [])
+                t = time.perf_counter()
+                p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+                marks = dict(re.findall(r"ICOUNT (-420[01]) (\d+)", p.stderr))
                 if p.returncode or "-4200" not in marks or "-4201" not in marks:
                     raise SystemExit(f"bench/edge.py: icount of {fw} on {name} {prec} ({pi}) "
                                      f"failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
                 counts[fw] = int(marks["-4201"]) - int(marks["-4200"])
+                if split and fw == "pocket":
+                    kernels = _split(p.stderr)
+                print(f"    {pi} {name} {prec} {fw}: {time.perf_counter() - t:.0f} s emulated",
+                      file=sys.stderr, flush=True)
             rows.append({"pi": pi, "model": name, "precision": prec,
                          "pocket_instructions": counts["pocket"],
                          "ort_instructions": counts["onnxruntime"],
                          "ratio": counts["pocket"] / counts["onnxruntime"]})
+            if kernels:
+                rows[-1]["pocket_kernels"] = kernels
             print(f"  icount {pi} {name} {prec}: pocket {counts['pocket']:.3e}  ort "
                   f"{counts['onnxruntime']:.3e}  x{rows[-1]['ratio']:.2f}", file=sys.stderr,
                   flush=True)
@@ -264,6 +315,15 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['pi']} | {r['model']} | {r['precision']} | "
                          f"{r['pocket_instructions']:.4g} | {r['ort_instructions']:.4g} | "
                          f"{r['ratio']:.2f} |")
+        split = [r for r in result["icount"] if r.get("pocket_kernels")]
+        if split:
+            lines += ["", "Where pocket's instructions go (per kernel, share of the inference):",
+                      ""]
+            for r in split:
+                total = sum(r["pocket_kernels"].values()) or 1
+                top = ", ".join(f"{k} {100 * v / total:.0f}%"
+                                for k, v in list(r["pocket_kernels"].items())[:5])
+                lines.append(f"- {r['pi']} {r['model']} {r['precision']}: {top}")
     if result["export_s"]:
         lines += ["", "Export times of the cached models (seconds, when they were built):", "",
                   "| model | fp32 .bin | int8 .bin | fp32 .onnx | int8 .onnx |",
@@ -295,6 +355,9 @@ def main() -> None:
                     "(or, with --latency, besides) x86 latency")
     ap.add_argument("--latency", action="store_true", help="with --icount: time x86 as well")
     ap.add_argument("--icount-timeout", type=int, default=7200)
+    ap.add_argument("--split", action="store_true", help="with --icount: pocket's instructions "
+                    "per kernel as well (one more warm call, a marker before each kernel)")
+    ap.add_argument("--out", default="edge", help="results name: bench/results/NAME.{json,md}")
     ap.add_argument("--worker", choices=("pocket", "onnxruntime"), help=argparse.SUPPRESS)
     ap.add_argument("--file", help=argparse.SUPPRESS)
     ap.add_argument("--shape", help=argparse.SUPPRESS)
@@ -327,12 +390,12 @@ def main() -> None:
     for pi in pis:
         for name in names:
             result["icount"] += icount(pi, name, files[name], args.precisions,
-                                       args.icount_timeout)
+                                       args.icount_timeout, args.split)
     result["load_after"] = _load()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "edge.json").write_text(json.dumps(result, indent=1))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=1))
     md = markdown(result)
-    (RESULTS / "edge.md").write_text(md)
+    (RESULTS / f"{args.out}.md").write_text(md)
     print(md)
 
 

@@ -61,16 +61,18 @@ def cpu_report(cpuinfo_text: str | None = None, machine: str | None = None) -> d
 
 def engine_report() -> dict:
     """The route families the engine's planner will pick on this host (see infer/engine.py)."""
-    from pocket.infer import kernels_fma, kernels_vnni
+    from pocket.infer import kernels_fma, kernels_sdot, kernels_vnni
 
-    int8 = "vnni" if kernels_vnni.AVAILABLE else "portable"
+    int8 = "vnni" if kernels_vnni.AVAILABLE else "sdot" if kernels_sdot.AVAILABLE else "portable"
     fp32 = "avx512-fma" if kernels_fma.AVAILABLE else "blas"
     return {"int8_route": int8, "fp32_route": fp32,
             "int8_detail": ("AVX-512 VNNI vpdpbusd kernels" if int8 == "vnni" else
+                            "ARM dotprod sdot kernels for 1x1 convs, portable ones elsewhere"
+                            if int8 == "sdot" else
                             "float32 BLAS GEMMs of the int8 codes and portable Numba kernels"),
             "fp32_detail": ("AVX-512 FMA GEMM tiles" if fp32 == "avx512-fma" else
                             "NumPy's BLAS GEMMs and portable Numba kernels"),
-            "switches": {k: os.environ[k] for k in ("POCKET_INT8_VNNI", "POCKET_FP32_FMA")
+            "switches": {k: os.environ[k] for k in ("POCKET_INT8_VNNI", "POCKET_INT8_SDOT", "POCKET_FP32_FMA")
                          if k in os.environ}}
 
 

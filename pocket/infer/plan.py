@@ -29,18 +29,21 @@ class EngineError(PocketError):
 
 @dataclass(frozen=True)
 class Cpu:
-    """The kernel families this machine runs: kernels_fma (AVX-512 fp32) and kernels_vnni
-    (AVX-512 VNNI int8); without either, the portable kernels and BLAS (what ARM runs)."""
+    """The kernel families this machine runs: kernels_fma (AVX-512 fp32), kernels_vnni
+    (AVX-512 VNNI int8) and kernels_sdot (ARM dotprod int8, 1x1 convs); without them, the
+    portable kernels and BLAS (what the Pi 4 runs)."""
 
     fma: bool
     vnni: bool
+    sdot: bool = False
 
     @staticmethod
     def host() -> Cpu:
         from pocket.infer import kernels_fma as kfma
+        from pocket.infer import kernels_sdot as ks
         from pocket.infer import kernels_vnni as kv
 
-        return Cpu(fma=kfma.AVAILABLE, vnni=kv.AVAILABLE)
+        return Cpu(fma=kfma.AVAILABLE, vnni=kv.AVAILABLE, sdot=ks.AVAILABLE)
 
 
 @dataclass

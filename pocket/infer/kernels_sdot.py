@@ -1,0 +1,255 @@
+"""int8 GEMMs on 64-bit ARM CPUs with the dot product extension (`dotprod`, ARMv8.2: `asimddp`
+in /proc/cpuinfo; Cortex-A55/A75/A76 and later, the Raspberry Pi 5's A76, not the Pi 4's A72).
+Exact, so they must equal formats/reference.py bit for bit like every int8 kernel (see
+kernels_int8 for the arithmetic).
+
+One `sdot v.4s, a.16b, b.16b` multiplies 16 signed bytes by 16 signed bytes and adds each group
+of four products into one of 4 int32 lanes: 16 multiply-adds an instruction, 4x a float32 FMA's
+4 lanes. Numba has no vector types, so the inner loop is LLVM IR (`_tile`, through
+`llvm.aarch64.neon.sdot.v4i32.v16i8`, the technique of kernels_vnni) called from ordinary
+Numba kernels that walk the tiles.
+
+Both operands are signed, so the activations go in as their int8 codes and x_zp folds into the
+bias as in kernels_int8 (bias_adj = b_q - x_zp * wsum): acc = bias_adj + sum(x_q * w_q).
+
+- conv2d 1x1 (groups 1, no padding, any stride), what MobileNet-class networks spend their
+  int8 GEMM time on: `pack_1x1` writes a chunk of images as (ceil(C/4), Mp) u32, the four
+  bytes of one pixel's channels c..c+3 in one word (Mp = pixels rounded up to 16), then `gemm`
+  -> c (O, Mp) int32: each `_tile` keeps 4 channels x 16 pixels in 16 accumulators (of NEON's
+  32 registers) and broadcasts 4 weight bytes a channel a step; kernels_vnni.requant_cols then
+  writes the int8 (or float32) output. Weights with C % 4 != 0 are padded to whole words once,
+  at the first bind (routes/conv_sdot.py).
+
+Exactness: all sums are int32; |x_q * w| <= 128 * 128, so K <= MAX_K keeps every partial sum
+in range and the int64 epilogue sees the true value.
+
+The engine uses these kernels only when `AVAILABLE`: the machine is 64-bit ARM, its CPU reports
+`dotprod`, and Numba compiles either for the host or for a named CPU (NUMBA_CPU_NAME) that has
+the extension. A cache built for an A76 holds `sdot` and dies with SIGILL on an A72 (what
+`PI=pi4 arm64-env` checks): that is why a named CPU must be one of _DOTPROD_CPUS as well. Elsewhere
+(x86, the A72) the portable kernels run and the LLVM here is never compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from pocket.infer.jit import kernel
+
+MAX_K = (2**31 - 1) // (128 * 128)  # 131071: longer dot products could leave int32
+TILE_O, TILE_P = 4, 16  # a _tile's channels and pixels (4 x 4 int32x4 accumulators)
+BLOCK_K4 = 256  # K/4 steps per pass: 16 pixels x 1 KiB of activations stay in L1
+# LLVM's names of the cores with the dot product extension (the first: the Pi 5's)
+_DOTPROD_CPUS = ("cortex-a76", "cortex-a76ae", "cortex-a55", "cortex-a65", "cortex-a75",
+                 "cortex-a77", "cortex-a78", "cortex-a78c", "cortex-a710", "cortex-a715",
+                 "cortex-x1", "cortex-x2", "neoverse-n1", "neoverse-n2", "neoverse-v1",
+                 "apple-m1", "apple-m2")
+
+
+def _hwcap_dotprod() -> bool:
+    """The kernel's word for it: HWCAP_ASIMDDP in getauxval(AT_HWCAP) (also what qemu-user
+    reports for the CPU it emulates), else `asimddp` in /proc/cpuinfo's features.
+
+    NOTE: not LLVM's host features: its AArch64 Linux reader maps a few /proc/cpuinfo flags
+    (neon, crc, aes, sha2, lse) and never reports dotprod, even on an A76."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.getauxval.restype, libc.getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+        return bool(libc.getauxval(16) & (1 << 20))  # AT_HWCAP, HWCAP_ASIMDDP
+    except (OSError, AttributeError):
+        try:
+            text = open("/proc/cpuinfo").read()  # noqa: SIM115 - a one-shot read
+        except OSError:
+            return False
+        return any(ln.split(":", 1)[-1].split().count("asimddp")
+                   for ln in text.splitlines() if ln.lower().startswith("features"))
+
+
+def has_dotprod() -> bool:
+    """64-bit ARM with `dotprod`, Numba compiling for this host or a named dotprod CPU;
+    POCKET_INT8_SDOT=0 opts out."""
+    if os.environ.get("POCKET_INT8_SDOT", "1") == "0":
+        return False
+    if platform.machine().lower() not in ("aarch64", "arm64"):
+        return False
+    import numba
+
+    if numba.config.DISABLE_JIT:
+        return False
+    if numba.config.CPU_NAME not in (None, "host") and numba.config.CPU_NAME not in _DOTPROD_CPUS:
+        return False
+    return _hwcap_dotprod()
+
+
+AVAILABLE = has_dotprod()
+
+_I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+_V4 = ir.VectorType(_I32, 4)
+_B16 = ir.VectorType(_I8, 16)
+
+
+def _const(v: int) -> ir.Constant:
+    return ir.Constant(_I64, v)
+
+
+def _ptr(builder, addr, ty):
+    return builder.inttoptr(addr, ty.as_pointer())
+
+
+def _loop(builder, count, carried, body):
+    """for i in range(count): carried = body(i, carried); returns the final carried values
+    (the initial ones when count <= 0). LLVM wants every phi at the top of its block."""
+    pre = builder.block
+    head = builder.append_basic_block("sdot.loop")
+    done = builder.append_basic_block("sdot.done")
+    builder.cbranch(builder.icmp_signed(">", count, _const(0)), head, done)
+    builder.position_at_end(head)
+    i = builder.phi(_I64)
+    phis = [builder.phi(v.type) for v in carried]
+    new = body(i, phis)
+    nxt = builder.add(i, _const(1))
+    end = builder.block
+    i.add_incoming(_const(0), pre)
+    i.add_incoming(nxt, end)
+    for p, v0, v1 in zip(phis, carried, new):
+        p.add_incoming(v0, pre)
+        p.add_incoming(v1, end)
+    builder.cbranch(builder.icmp_signed("<", nxt, count), head, done)
+    builder.position_at_end(done)
+    out = []
+    for v0, v1 in zip(carried, new):
+        p = builder.phi(v0.type)
+        p.add_incoming(v0, pre)
+        p.add_incoming(v1, end)
+        out.append(p)
+    return out
+
+
+def _row_at(builder, base, r: int, rows, stride):
+    """base + min(r, rows - 1) * stride: a row past the valid ones repeats the last valid one
+    (computed, never stored: a channel tail needs no tile of its own)."""
+    rr = builder.select(builder.icmp_signed("<", _const(r), rows), _const(r),
+                        builder.sub(rows, _const(1)))
+    return builder.add(base, builder.mul(rr, stride))
+
+
+@intrinsic
+def _tile(typingctx, w, ldw, xp, ldx, c, ldc, n4, acc, rows):
+    """c[r, 0:16] (+)= sum over k4 < n4 of w[r, 4k4:4k4+4] . xp[k4, 0:16, :] for r < rows
+    (1..4): 16 int32x4 accumulators, one sdot each a step. Addresses in bytes: w (rows of ldw),
+    xp (k4 rows of ldx), c (rows of ldc, int32). With acc != 0 the sums start from c (a later
+    block of K), else from zero."""
+    sig = types.void(*[types.intp] * 9)
+
+    def codegen(context, builder, signature, args):
+        w, ldw, xp, ldx, c, ldc, n4, acc, rows = args
+        sdot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V4, [_V4, _B16, _B16]),
+                                              "llvm.aarch64.neon.sdot.v4i32.v16i8")
+        start = builder.icmp_signed("!=", acc, _const(0))
+        c_at = [[builder.add(_row_at(builder, c, r, rows, ldc), _const(16 * v)) for v in range(4)]
+                for r in range(TILE_O)]
+        init = [builder.select(start, builder.load(_ptr(builder, a, _V4), align=4),
+                               ir.Constant(_V4, None)) for row in c_at for a in row]
+        w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
+        undef = ir.Constant(_V4, ir.Undefined)
+        splat = ir.Constant(ir.VectorType(_I32, 4), None)
+
+        def step(i, accs):
+            xrow = builder.add(xp, builder.mul(i, ldx))
+            xs = [builder.load(_ptr(builder, builder.add(xrow, _const(16 * v)), _B16), align=4)
+                  for v in range(4)]
+            k4 = builder.mul(i, _const(4))
+            out = []
+            for r in range(TILE_O):
+                word = builder.load(_ptr(builder, builder.add(w_at[r], k4), _I32), align=1)
+                one = builder.insert_element(undef, word, ir.Constant(_I32, 0))
+                wb = builder.bitcast(builder.shuffle_vector(one, undef, splat), _B16)
+                out += [builder.call(sdot, [accs[r * 4 + v], xs[v], wb]) for v in range(4)]
+            return out
+
+        final = _loop(builder, n4, init, step)
+        for r in range(TILE_O):
+            with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+                for v in range(4):
+                    builder.store(final[r * 4 + v], _ptr(builder, c_at[r][v], _V4), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@kernel
+def gemm(c, w, xp):
+    """w (O, 4*K4) i8, xp (K4, Mp) u32 (4 signed bytes each; Mp % 16 == 0) -> c (O, Mp) i32
+    = w @ xp.
+
+    NOTE: pixel tiles outermost, as kernels_vnni.gemm_cols: a tile's activations (16 pixels x
+    BLOCK_K4 words) stay in L1 while every channel tile passes over them. Small maps have few
+    pixel tiles, so the channels are split into blocks too (at least 8 pieces of work)."""
+    o, kb = w.shape
+    k4, mp = xp.shape
+    wa, xa, ca = np.int64(w.ctypes.data), np.int64(xp.ctypes.data), np.int64(c.ctypes.data)
+    n_p = mp // TILE_P
+    tiles_o = (o + TILE_O - 1) // TILE_O
+    n_b = max(1, min(tiles_o, (8 + n_p - 1) // n_p))
+    per_b = (tiles_o + n_b - 1) // n_b * TILE_O
+    n_b = (o + per_b - 1) // per_b
+    for t in prange(n_p * n_b):
+        pt, ob = t // n_b, (t % n_b) * per_b
+        p0, o_end = pt * TILE_P, min(o, ob + per_b)
+        for kk in range(0, k4, BLOCK_K4):
+            n4 = min(BLOCK_K4, k4 - kk)
+            for o0 in range(ob, o_end, TILE_O):
+                _tile(wa + o0 * kb + kk * 4, kb, xa + (kk * mp + p0) * 4, mp * 4,
+                      ca + (o0 * mp + p0) * 4, mp * 4, n4, kk, min(TILE_O, o_end - o0))
+
+
+@kernel
+def pack_1x1(xb, x, sh, sw):
+    """x (M, C, H, W) i8 -> xb (K4, 4*Mp) i8, the bytes of xp (K4, Mp) u32: word [c4, b*P + q]
+    holds x[b, 4*c4 + t, i*sh, j*sw] in byte t (q = i*Wo + j, P = Ho*Wo), zero past C and past
+    the M*P real columns."""
+    m, ch, h, wd = x.shape
+    k4, nb = xb.shape
+    ho, wo = (h - 1) // sh + 1, (wd - 1) // sw + 1
+    p = ho * wo
+    for r in prange(k4 * m):
+        c4, b = r // m, r % m
+        dst = 4 * b * p
+        if sh == 1 and sw == 1 and 4 * c4 + 3 < ch:
+            # NOTE: the four planes in one loop: LLVM stores them as one interleaved group
+            # (st4 on NEON), 16 pixels a few instructions, not a strided byte store each
+            s0, s1 = x[b, 4 * c4].reshape(-1), x[b, 4 * c4 + 1].reshape(-1)
+            s2, s3 = x[b, 4 * c4 + 2].reshape(-1), x[b, 4 * c4 + 3].reshape(-1)
+            for q in range(p):
+                u = dst + 4 * q
+                xb[c4, u] = s0[q]
+                xb[c4, u + 1] = s1[q]
+                xb[c4, u + 2] = s2[q]
+                xb[c4, u + 3] = s3[q]
+        else:
+            for t in range(4):
+                c = 4 * c4 + t
+                for i in range(ho):
+                    for j in range(wo):
+                        xb[c4, dst + 4 * (i * wo + j) + t] = x[b, c, i * sh, j * sw] if c < ch else 0
+        if b == m - 1:
+            for u in range(4 * m * p, nb):
+                xb[c4, u] = 0
+
+
+@njit(cache=True)
+def pad_weights(out, w):
+    """w (O, K) i8 -> out (O, 4*K4) i8: each row zero-padded to whole 4-byte words."""
+    o, k = w.shape
+    for r in range(o):
+        for j in range(out.shape[1]):
+            out[r, j] = w[r, j] if j < k else 0

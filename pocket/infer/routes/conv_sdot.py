@@ -1,0 +1,78 @@
+"""int8 1x1 conv (groups 1, no padding, any stride) on kernels_sdot (ARM `dotprod`: 16 int8
+multiply-adds an instruction): a chunk of images packed into (C/4, columns) words of four
+channels, one tile GEMM, kernels_vnni's requantizing epilogue. Only where the CPU has the dot
+product extension (Cortex-A76, the Pi 5); elsewhere conv_int8_blas, its portable twin."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from pocket.infer import kernels_sdot as ks
+from pocket.infer import kernels_vnni as kv
+from pocket.infer import lowering_common as lc
+from pocket.infer.lowering_common import _aligned, _int8_consts
+from pocket.infer.routes.base import Route, conv_prep, prepared, register
+
+
+def _cols(rows: int) -> int:
+    """Columns of the packed operand: rows rounded up to whole tiles of 16 pixels."""
+    return -(-rows // ks.TILE_P) * ks.TILE_P
+
+
+def _bytes(rows: int, o: int, k4: int) -> tuple[int, int]:
+    """Scratch for `rows` pixels: xp (K4, Mp) u32 and c (O, Mp) i32."""
+    mp = _cols(rows)
+    return _aligned(4 * k4 * mp), _aligned(4 * o * mp)
+
+
+def _pad_weights(w2: np.ndarray, k4: int) -> np.ndarray:
+    out = np.empty((w2.shape[0], 4 * k4), np.int8)
+    ks.pad_weights(out, w2)
+    return out
+
+
+@register
+class ConvSdot(Route):
+    name, op = "conv_sdot", "conv2d"
+
+    def limits(self, geo, dtype, cpu):
+        if not cpu.sdot:
+            return "needs the ARM dot product extension (kernels_sdot; off with POCKET_INT8_SDOT=0)"
+        if dtype != "i8":
+            return "int8 only"
+        if geo.groups != 1 or (geo.kh, geo.kw, geo.ph, geo.pw) != (1, 1, 0, 0):
+            return "1x1 convs without padding, groups 1, only"
+        return None if geo.k <= ks.MAX_K else f"K = {geo.k} exceeds kernels_sdot.MAX_K"
+
+    def prepare(self, ctx, node):
+        d = conv_prep(ctx, node, self.name)
+        o, k, p = d["o"], d["k"], d["p"]
+        d.update(_int8_consts(ctx, node, d["w"]))
+        d["w2"] = d["w"].reshape(o, k)
+        d["k4"] = -(-k // 4)
+        per_image = 4 * (d["k4"] + o) * p
+        d["chunk"] = max(1, min(ctx.max_batch, lc.VNNI_SCRATCH_BYTES * ctx.threads // per_image))
+        d["scratch_bytes"] = sum(_bytes(d["chunk"] * p, o, d["k4"]))
+        return d
+
+    def bind(self, ctx, step, node, d, n, pool=None):
+        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        o, p, k4 = d["o"], d["p"], d["k4"]
+        sh, sw = d["geom"][2:4]
+        # K % 4 != 0: the weights padded to whole words, once (routes.base.prepared)
+        w4 = d["w2"] if d["k"] % 4 == 0 else prepared(d, "w_pad", lambda: _pad_weights(d["w2"], k4))
+        epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+        calls = []
+        for start in range(0, n, d["chunk"]):
+            m = min(d["chunk"], n - start)
+            mp = _cols(m * p)
+            xp_bytes, _ = _bytes(d["chunk"] * p, o, k4)
+            xp = ctx.scratch(step, np.uint32, (k4, mp))
+            c = ctx.scratch(step, np.int32, (o, mp), xp_bytes)
+            calls += [partial(ks.pack_1x1, xp.view(np.int8), x[start:start + m], sh, sw),
+                      partial(ks.gemm, c, w4, xp),
+                      partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32),
+                              y.shape[3], p, *epi)]
+        return calls

@@ -1,0 +1,128 @@
+"""kernels_sdot and routes/conv_sdot (ARM dotprod int8 1x1 convs): the CPU gate, the packing and
+the weight padding against NumPy twins (plain Numba: they run anywhere), the route's limits,
+and where the CPU has dotprod (`PI=pi5 ../shared/tools/arm64-env python -m pytest -p
+no:cacheprovider` this file, with pytest in the root: PY_PKGS="numpy numba onnxruntime pytest"
+at setup) the sdot GEMM against NumPy and the route against formats/reference.py and its portable twin
+conv_int8_blas, bit for bit. Under PI=pi4 (Cortex-A72, no dotprod) the route must not be
+chosen: an sdot there is SIGILL."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+
+from pocket.formats import quant as qm
+from pocket.formats import reference as ref
+from pocket.formats.ir import Graph, Node, ValueInfo
+from pocket.infer import kernels_sdot as ks
+from pocket.infer import routes
+from pocket.infer.plan import Cpu
+from pocket.infer.routes.base import ConvGeometry
+
+RNG = np.random.default_rng(23)
+needs_sdot = pytest.mark.skipif(not ks.AVAILABLE, reason="this CPU has no ARM dotprod")
+
+
+def _packed_twin(x, sh, sw, k4, mp):
+    """NumPy: x (M, C, H, W) i8 -> the bytes of (K4, Mp) words, 4 channels of a pixel a word."""
+    xs = x[:, :, ::sh, ::sw]
+    m, c = xs.shape[:2]
+    cols = np.zeros((4 * k4, mp), np.int8)
+    cols[:c, :xs[0, 0].size * m] = xs.transpose(1, 0, 2, 3).reshape(c, -1)
+    return cols.reshape(k4, 4, mp).transpose(0, 2, 1).reshape(k4, 4 * mp)
+
+
+def test_the_gate():
+    """Off on anything but 64-bit ARM, and off by the switch everywhere."""
+    if platform.machine().lower() not in ("aarch64", "arm64"):
+        assert not ks.has_dotprod() and not ks.AVAILABLE
+    assert Cpu.host().sdot == ks.AVAILABLE
+
+
+def test_the_switch(monkeypatch):
+    monkeypatch.setenv("POCKET_INT8_SDOT", "0")
+    assert not ks.has_dotprod()
+
+
+@pytest.mark.parametrize("m,c,h,w,s", [(1, 8, 5, 7, 1), (2, 6, 4, 3, 1), (3, 5, 7, 6, 2),
+                                       (1, 3, 1, 1, 1), (2, 9, 6, 5, 3)])
+def test_pack_1x1(m, c, h, w, s):
+    """Every word of the packed operand, the zero channel and column tails included."""
+    ho, wo = (h - 1) // s + 1, (w - 1) // s + 1
+    k4 = -(-c // 4)
+    mp = -(-m * ho * wo // ks.TILE_P) * ks.TILE_P
+    x = RNG.integers(-128, 128, (m, c, h, w)).astype(np.int8)
+    got = np.full((k4, 4 * mp), 0x55, np.int8)
+    ks.pack_1x1.serial(got, x, s, s)
+    np.testing.assert_array_equal(got, _packed_twin(x, s, s, k4, mp))
+
+
+def test_pad_weights():
+    w = RNG.integers(-128, 128, (5, 7)).astype(np.int8)
+    got = np.full((5, 8), 0x55, np.int8)
+    ks.pad_weights(got, w)
+    np.testing.assert_array_equal(got, np.pad(w, ((0, 0), (0, 1))))
+
+
+def test_the_route_limits():
+    r = routes.ROUTES["conv_sdot"]
+    one = ConvGeometry(8, 5, 5, 4, 1, 1, 2, 2, 0, 0, 1, 1, 1)
+    assert r.eligible(one, "i8", Cpu(False, False, True))
+    assert "dot product" in r.limits(one, "i8", Cpu(False, False))
+    assert r.limits(one, "f32", Cpu(False, False, True)) == "int8 only"
+    for geo in (ConvGeometry(8, 5, 5, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1),
+                ConvGeometry(8, 5, 5, 4, 1, 1, 1, 1, 1, 1, 1, 1, 1),
+                ConvGeometry(8, 5, 5, 8, 1, 1, 1, 1, 0, 0, 1, 1, 2)):
+        assert not r.eligible(geo, "i8", Cpu(False, False, True))
+    # ahead of its portable twin, so a dotprod CPU takes it
+    names = [t.name for t in routes.TABLE["conv2d"]]
+    assert names.index("conv_sdot") < names.index("conv_int8_blas")
+
+
+@needs_sdot
+@pytest.mark.parametrize("o,k4,mp", [(5, 3, 16), (17, 300, 48), (4, 1, 32)])
+def test_gemm(o, k4, mp):
+    """The sdot tiles against an int64 NumPy product: channel tails, K past one block."""
+    w = RNG.integers(-128, 128, (o, 4 * k4)).astype(np.int8)
+    xb = RNG.integers(-128, 128, (k4, 4 * mp)).astype(np.int8)
+    c = np.full((o, mp), 7, np.int32)
+    ks.gemm(c, w, xb.view(np.uint32))
+    want = w.astype(np.int64) @ xb.reshape(k4, mp, 4).transpose(0, 2, 1).reshape(4 * k4, mp)
+    np.testing.assert_array_equal(c, want)
+
+
+def _conv1x1(n, c, o, hw, stride):
+    xs, w_s_in = 0.05, RNG.standard_normal((o, c, 1, 1)).astype(np.float32)
+    w_q, w_s = qm.quantize_weights(w_s_in)
+    params = {"w": w_q, "b": qm.quantize_bias(RNG.standard_normal(o).astype(np.float32), xs, w_s)}
+    quant = {"w": {"scale": w_s.tolist(), "zero_point": [0] * o, "axis": 0}}
+    x = RNG.integers(-128, 128, (n, c, *hw)).astype(np.int8)
+    node = Node("conv", "conv2d", ["x", "w", "b"], ["y"],
+                {"stride": [stride, stride], "x_scale": xs, "x_zero_point": 9, "y_scale": 0.07,
+                 "y_zero_point": -5, "activation": "relu"})
+    g = Graph({"x": ValueInfo("i8", ("N", c, *hw))}, ["y"], [node],
+              {k: ValueInfo({np.int8: "i8", np.int32: "i32"}[v.dtype.type], v.shape)
+               for k, v in params.items()})
+    return g, params, quant, x
+
+
+@needs_sdot
+@pytest.mark.parametrize("n,c,o,hw,stride", [(1, 16, 24, (7, 5), 1), (3, 6, 5, (6, 6), 2),
+                                             (2, 96, 16, (4, 4), 1)])
+def test_route_against_the_reference_and_its_twin(n, c, o, hw, stride, monkeypatch):
+    from models import FakeContainer
+
+    from pocket.infer.engine import Engine
+
+    g, params, quant, x = _conv1x1(n, c, o, hw, stride)
+    want = ref.run(g, params, x, quant)["y"]
+    got = {}
+    for route in ("conv_sdot", "conv_int8_blas"):
+        monkeypatch.setenv("POCKET_ROUTE", route)
+        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
+            got[route] = eng.run(x, copy=True)
+            assert eng.routes()[0]["route"] == route
+    np.testing.assert_array_equal(got["conv_sdot"], want)
+    np.testing.assert_array_equal(got["conv_sdot"], got["conv_int8_blas"])
