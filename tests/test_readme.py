@@ -29,6 +29,8 @@ SKIP = {  # command prefix -> why the test does not run it
     "scp ": "copies to another machine",
     "./scripts/": "sets up .venv and runs the whole main job / test suite",
     "python bench/": "benchmarks run for minutes",
+    "python scripts/arm64_check.py": "builds the ARM check's models, then verified under emulation "
+                                     "(minutes; by hand, see the README's ARM section)",
     "tensorboard": "starts a server that does not exit",
 }
 
