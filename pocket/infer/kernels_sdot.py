@@ -42,6 +42,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
+from pocket.infer.kernels_vnni import _const, _loop, _ptr, _row_at
 
 MAX_K = (2**31 - 1) // (128 * 128)  # 131071: longer dot products could leave int32
 TILE_O, TILE_P = 4, 16  # a _tile's channels and pixels (4 x 4 int32x4 accumulators)
@@ -95,51 +96,6 @@ AVAILABLE = has_dotprod()
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _V4 = ir.VectorType(_I32, 4)
 _B16 = ir.VectorType(_I8, 16)
-
-
-def _const(v: int) -> ir.Constant:
-    return ir.Constant(_I64, v)
-
-
-def _ptr(builder, addr, ty):
-    return builder.inttoptr(addr, ty.as_pointer())
-
-
-def _loop(builder, count, carried, body):
-    """for i in range(count): carried = body(i, carried); returns the final carried values
-    (the initial ones when count <= 0). LLVM wants every phi at the top of its block."""
-    pre = builder.block
-    head = builder.append_basic_block("sdot.loop")
-    done = builder.append_basic_block("sdot.done")
-    builder.cbranch(builder.icmp_signed(">", count, _const(0)), head, done)
-    builder.position_at_end(head)
-    i = builder.phi(_I64)
-    phis = [builder.phi(v.type) for v in carried]
-    new = body(i, phis)
-    nxt = builder.add(i, _const(1))
-    end = builder.block
-    i.add_incoming(_const(0), pre)
-    i.add_incoming(nxt, end)
-    for p, v0, v1 in zip(phis, carried, new):
-        p.add_incoming(v0, pre)
-        p.add_incoming(v1, end)
-    builder.cbranch(builder.icmp_signed("<", nxt, count), head, done)
-    builder.position_at_end(done)
-    out = []
-    for v0, v1 in zip(carried, new):
-        p = builder.phi(v0.type)
-        p.add_incoming(v0, pre)
-        p.add_incoming(v1, end)
-        out.append(p)
-    return out
-
-
-def _row_at(builder, base, r: int, rows, stride):
-    """base + min(r, rows - 1) * stride: a row past the valid ones repeats the last valid one
-    (computed, never stored: a channel tail needs no tile of its own)."""
-    rr = builder.select(builder.icmp_signed("<", _const(r), rows), _const(r),
-                        builder.sub(rows, _const(1)))
-    return builder.add(base, builder.mul(rr, stride))
 
 
 @intrinsic
