@@ -86,3 +86,27 @@ def test_bias_act_pitch_planes_and_rows(pitch_pad):
                      for i in range(n)])
     exact = _formula("silu", (rows + b.reshape(1, o, 1, 1)).astype(np.float64))
     assert np.all(np.abs(out - exact) <= 4 * np.spacing(np.abs(exact).astype(np.float32)) + 1e-36)
+
+
+def test_div6_equals_division():
+    """hardswish/hardsigmoid divide by 6 as a multiply and one FMA correction: it must equal
+    IEEE division everywhere, exact quotients (ties for the float32 cast), zeros, inf and NaN
+    included."""
+    from numba import njit
+
+    @njit
+    def run(out, p):
+        for i in range(p.shape[0]):
+            out[i] = kf._div6(p[i])
+
+    rng = np.random.default_rng(7)
+    v = np.concatenate([(rng.standard_normal(200_000) * s).astype(np.float32)
+                        for s in (1e-3, 1, 4, 1e4, 1e30)]).astype(np.float64)
+    t = np.clip(v + 3.0, 0.0, 6.0)
+    p = np.concatenate([v * t, t, np.arange(1, 200_001) * 0.375, -np.arange(1, 1000) * 1.5,
+                        [np.inf, -np.inf, np.nan, 0.0, -0.0, 5e-324, -5e-324, 1.7e308]])
+    out = np.empty_like(p)
+    run(out, p)
+    want = p / 6.0
+    assert np.array_equal(out, want, equal_nan=True)
+    assert np.array_equal(np.signbit(out), np.signbit(want))

@@ -212,7 +212,7 @@ def test_dw_conv_padded_f32(name, act):
     for parts, fn in ((1, kd.dw_conv_padded.serial), (2, kd.dw_conv_padded)):
         xp, tmp = _padded_scratch(case, parts, np.float32, np.float32, np.nan)
         out = np.full((n, c, ho, wo), np.nan, np.float32)
-        fn(out, x, w, b, xp, tmp, s[0], *p, *d, code, 6.0)
+        fn(out, x, w, b, xp, tmp, s[0], *p, code, 6.0)
         assert np.all(np.abs(out - twin) <= _f32_bound(x, w, b, s, p, d)), parts
 
 
@@ -231,7 +231,7 @@ def test_dw_conv_padded_int8_exact(name):
         xp, tmp = _padded_scratch(case, parts, np.int8, np.int8, 77)
         acc = np.full(tmp.shape, 2**31 - 1, np.int32)
         out = np.empty((n, c, ho, wo), np.int8)
-        fn(out, x, w_q, b_q, xp, acc, tmp, m, 11, True, -5.0, (-5.0, 127.0, np.inf), True, s[0], *p, *d)
+        fn(out, x, w_q, b_q, xp, acc, tmp, m, 11, True, -5.0, (-5.0, 127.0, np.inf), True, s[0], *p)
         assert np.array_equal(out, twin), parts
 
 

@@ -71,6 +71,6 @@ class ConvDepthwise(Route):
         kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
         if "padded" in d:
             xp, tmp = padded_scratch(ctx, step, d, n, (np.float32, np.float32))
-            return [partial(kd.dw_conv_padded, y, x, d["w"], d["b"], xp, tmp, sh, ph, pw, dh, dw,
-                            act, alpha)]
+            return [partial(kd.dw_conv_padded, y, x, d["w"], d["b"], xp, tmp, sh, ph, pw, act,
+                            alpha)]
         return [partial(kd.dw_conv, y, x, d["w"], d["b"], *d["geom"][2:], act, alpha)]

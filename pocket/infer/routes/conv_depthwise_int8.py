@@ -39,5 +39,5 @@ class ConvDepthwiseInt8(Route):
         if "padded" in d:
             xp, acc, tmp = padded_scratch(ctx, step, d, n, (np.int8, np.int32, y.dtype))
             return [partial(kd.dw_conv_padded_q, y, x, d["w"], d["b_q"], xp, acc, tmp, *epi, sh, ph,
-                            pw, dh, dw)]
+                            pw)]
         return [partial(kd.dw_conv_q, y, x, d["w"], d["b_q"], *epi, *d["geom"][2:])]
