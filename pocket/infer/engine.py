@@ -306,6 +306,7 @@ class Engine:
         g = self.graph
         root: dict[str, str] = {name: name for name in g.inputs}
         buffers: dict[str, _Buffer] = {}
+        sub: dict[str, int] = {}
 
         def nbytes(v: str) -> int:
             size = self.max_batch * math.prod(self._sample[v]) * np.dtype(
@@ -319,19 +320,29 @@ class Engine:
                 if v in root:
                     buffers[root[v]].last = step
             out = node.outputs[0]
-            if node.op in ALIAS_OPS:
+            at = self._slice_view(node, root)
+            if at is not None:
+                # a view of its input: readers read the input's bytes (its lifetime grows)
+                root[out], sub[out] = root[node.inputs[0]], sub.get(node.inputs[0], 0) + at
+            elif node.op in ALIAS_OPS:
                 if node.inputs[0] not in root:
                     raise EngineError(f"node '{node.name}': {node.op} of a param is not supported")
                 root[out] = root[node.inputs[0]]
             else:
                 root[out] = out
                 buffers[out] = _Buffer(nbytes(out), step, step)
+                if node.op == "concat":
+                    for v, at in self._concat_slices(step, node, root, buffers).items():
+                        # v is written straight into its slice of the concat's output
+                        buffers[out].first = min(buffers[out].first, buffers.pop(v).first)
+                        root[v], sub[v] = out, at
             scratch = self._prep[step].get("scratch_bytes", 0)
             if scratch:
                 buffers[f"#scratch{step}"] = _Buffer(-(-scratch // ALIGN) * ALIGN, step, step)
         for conv_step, pool_step in self._pool_after.items():
             # a fused conv writes the pool's output while it still reads its input and scratch
-            buffers[root[g.nodes[pool_step].outputs[0]]].first = conv_step
+            pooled = buffers[root[g.nodes[pool_step].outputs[0]]]
+            pooled.first = min(pooled.first, conv_step)
         for a_step, b_step in self._pad_after.items():
             # a conv that writes the next one's padded images while it still reads its own
             buffers[f"#scratch{b_step}"].first = a_step
@@ -346,6 +357,46 @@ class Engine:
         total = _assign_offsets(list(buffers.values()))
         self._arena = self._ctx.arena = _alloc_arena(total)
         self._root, self._buffers = self._ctx.root, self._ctx.buffers = root, buffers
+        self._ctx.sub = sub
+
+    def _slice_view(self, node, root: dict) -> int | None:
+        """The byte offset of a slice's output in its input when it can be a view (batch 1,
+        a contiguous run of the input, aligned), else None. ShuffleNetV2's channel splits
+        copied half of every unit's input (~5% of its time)."""
+        if node.op != "slice" or self.max_batch != 1 or node.inputs[0] not in root:
+            return None
+        shape = self._sample[node.inputs[0]]
+        axis = node.attrs.get("axis", 1) % (len(shape) + 1)
+        if axis == 0 or math.prod(shape[:axis - 1]) != 1:
+            return None
+        item = np.dtype(_NP[self._infos[node.outputs[0]].dtype]).itemsize
+        at = node.attrs["start"] * math.prod(shape[axis:]) * item
+        return at if at % ALIGN == 0 else None
+
+    def _concat_slices(self, step: int, node, root: dict, buffers: dict) -> dict[str, int]:
+        """{input: byte offset in the output} for the inputs of a concat at `step` that their
+        producers can write in place, so that the concat copies nothing for them: at batch 1
+        (max_batch 1: then a slice along axis 1 is one contiguous run), each a value of its
+        own that only this concat reads, from a node that writes it as (N, ...) (not a
+        chained linear's packed layout), at an aligned offset. SqueezeNet's fire modules and
+        ShuffleNetV2's units copied every output of their branches (~8% of the time)."""
+        out = node.outputs[0]
+        shape = self._sample[out]
+        axis = node.attrs["axis"] % (len(shape) + 1)
+        if self.max_batch != 1 or axis == 0 or math.prod(shape[:axis - 1]) != 1:
+            return {}
+        item = np.dtype(_NP[self._infos[out].dtype]).itemsize
+        g, readers = self.graph, self._ctx.readers
+        slices, at = {}, 0
+        for v in node.inputs:
+            size = math.prod(self._sample[v]) * item
+            if (root.get(v) == v and v in buffers and buffers[v].first >= 0
+                    and buffers[v].first not in self._chained and readers.get(v) == [step]
+                    and node.inputs.count(v) == 1 and v not in g.outputs
+                    and self._infos[v].dtype == self._infos[out].dtype and at % ALIGN == 0):
+                slices[v] = at
+            at += size
+        return slices
 
     def _view(self, v: str, n: int) -> np.ndarray:
         return self._ctx.view(v, n)

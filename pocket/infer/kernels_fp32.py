@@ -426,8 +426,14 @@ def im2col(col, x, kh, kw, sh, sw, ph, pw, dh, dw, pad, rb, cb):
                             row[base + ow] = pad
                         # NOTE: unsigned indices (both are >= 0 here) spare Numba its
                         # negative-index wrap-around, so LLVM vectorizes the copy (3x).
-                        for ow in range(lo, hi):
-                            row[np.uint64(base + ow)] = xs[np.uint64(src + ow * sw)]
+                        if sw == 2:
+                            # NOTE: the stride a constant: LLVM vectorizes the strided load
+                            # (the 224x224 stems: 1.3-1.6x); a literal 1 ran slower than this
+                            for ow in range(lo, hi):
+                                row[np.uint64(base + ow)] = xs[np.uint64(src + ow * 2)]
+                        else:
+                            for ow in range(lo, hi):
+                                row[np.uint64(base + ow)] = xs[np.uint64(src + ow * sw)]
                         for ow in range(hi, wo):
                             row[base + ow] = pad
                     else:

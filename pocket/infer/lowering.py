@@ -114,7 +114,9 @@ def _b_concat(ctx, step, node, n):
     calls, start = [], 0
     for v in node.inputs:
         x2 = ctx.view(v, n).reshape(rows, -1)
-        calls.append(partial(kf.copy_cols, y2, x2, start))
+        if ctx.root.get(v) != ctx.root[node.outputs[0]]:  # else written in place
+            # (engine._concat_slices)
+            calls.append(partial(kf.copy_cols, y2, x2, start))
         start += x2.shape[1]
     return calls
 

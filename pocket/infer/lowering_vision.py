@@ -62,6 +62,8 @@ def _b_channel_shuffle(ctx: PlanContext, step: int, node: Node, n: int) -> list:
 
 def _b_slice(ctx: PlanContext, step: int, node: Node, n: int) -> list:
     a = node.attrs
+    if ctx.root.get(node.outputs[0]) == ctx.root.get(node.inputs[0]):
+        return []  # a view of its input (engine._slice_view)
     x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
     axis = a["axis"] % x.ndim
     rows = math.prod(x.shape[:axis])

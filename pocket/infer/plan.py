@@ -81,6 +81,7 @@ class PlanContext:
     arena: np.ndarray | None = None
     buffers: dict[str, Region] = field(default_factory=dict)
     root: dict[str, str] = field(default_factory=dict)
+    sub: dict[str, int] = field(default_factory=dict)  # {value: bytes into its root's buffer}
 
     def view(self, v: str, n: int) -> np.ndarray:
         """Value v at batch n: its weights, or its (n, ...) view of the arena."""
@@ -89,8 +90,9 @@ class PlanContext:
         shape = self.sample[v]
         dtype = np.dtype(NP_DTYPES[self.infos[v].dtype])
         buf = self.buffers[self.root[v]]
+        start = buf.offset + self.sub.get(v, 0)
         count = n * math.prod(shape) * dtype.itemsize
-        return self.arena[buf.offset:buf.offset + count].view(dtype).reshape((n, *shape))
+        return self.arena[start:start + count].view(dtype).reshape((n, *shape))
 
     def scratch(self, step: int, dtype, shape: tuple[int, ...], at: int = 0) -> np.ndarray:
         """A view of `step`'s scratch, `at` bytes (a multiple of 64) into it."""
