@@ -282,3 +282,72 @@ def test_taps_route_against_the_reference_and_its_twin(n, c, o, hw, geom, pool, 
             assert eng.routes()[0]["route"] == route
     np.testing.assert_array_equal(got["conv_sdot_taps"], want)
     np.testing.assert_array_equal(got["conv_sdot_taps"], got["conv_int8_blas"])
+
+
+# --------------------------------------------------------------------------- linear_sdot
+
+
+def _linear(n, k, o, to_f32=False):
+    xs = 0.05
+    w_q, w_s = qm.quantize_weights(RNG.standard_normal((o, k)).astype(np.float32))
+    params = {"w": w_q, "b": qm.quantize_bias(RNG.standard_normal(o).astype(np.float32), xs, w_s)}
+    quant = {"w": {"scale": w_s.tolist(), "zero_point": [0] * o, "axis": 0}}
+    attrs = {"x_scale": xs, "x_zero_point": -3, "activation": "relu"}
+    if not to_f32:
+        attrs.update(y_scale=0.09, y_zero_point=4)
+    g = Graph({"x": ValueInfo("i8", ("N", k))}, ["y"], [Node("fc", "linear", ["x", "w", "b"], ["y"], attrs)],
+              {k_: ValueInfo({np.int8: "i8", np.int32: "i32"}[v.dtype.type], v.shape)
+               for k_, v in params.items()})
+    return g, params, quant, RNG.integers(-128, 128, (n, k)).astype(np.int8)
+
+
+LINEAR_CASES = [(1, 64, 10, False), (3, 37, 21, False), (1, 130, 1000, True), (17, 16, 5, False)]
+
+
+def test_the_linear_route_limits():
+    r = routes.ROUTES["linear_sdot"]
+    geo = routes.base.LinearGeometry(1, 512, 1000)
+    assert r.eligible(geo, "i8", Cpu(False, False, True))
+    assert "dot product" in r.limits(geo, "i8", Cpu(False, False))
+    assert r.limits(geo, "f32", Cpu(False, False, True)) == "int8 only"
+    names = [t.name for t in routes.TABLE["linear"]]
+    assert names.index("linear_sdot") < names.index("linear_int8")
+
+
+@pytest.mark.parametrize("n,k,o,to_f32", LINEAR_CASES)
+def test_linear_route_with_a_numpy_gemm(n, k, o, to_f32, monkeypatch):
+    """linear_sdot end to end on any CPU (kernels_sdot.gemm as its NumPy twin): the packed
+    weights, the rows padded to words (K % 4 != 0), the epilogue, against the reference."""
+    from models import FakeContainer
+
+    from pocket.infer import plan
+    from pocket.infer.engine import Engine
+
+    g, params, quant, x = _linear(n, k, o, to_f32)
+    want = ref.run(g, params, x, quant)["y"]
+    monkeypatch.setattr(plan.Cpu, "host", staticmethod(lambda: Cpu(False, False, True)))
+    monkeypatch.setattr(ks, "gemm", _gemm_twin)
+    monkeypatch.setenv("POCKET_ROUTE", "linear_sdot")
+    with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
+        got = eng.run(x, copy=True)
+        assert eng.routes()[0]["route"] == "linear_sdot"
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_sdot
+@pytest.mark.parametrize("n,k,o,to_f32", LINEAR_CASES)
+def test_linear_route_against_the_reference_and_its_twin(n, k, o, to_f32, monkeypatch):
+    from models import FakeContainer
+
+    from pocket.infer.engine import Engine
+
+    g, params, quant, x = _linear(n, k, o, to_f32)
+    want = ref.run(g, params, x, quant)["y"]
+    got = {}
+    for route in ("linear_sdot", "linear_int8"):
+        monkeypatch.setenv("POCKET_ROUTE", route)
+        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
+            got[route] = eng.run(x, copy=True)
+            assert eng.routes()[0]["route"] == route
+    np.testing.assert_array_equal(got["linear_sdot"], want)
+    np.testing.assert_array_equal(got["linear_sdot"], got["linear_int8"])

@@ -41,6 +41,7 @@ from pocket.infer.routes import (  # noqa: F401
     linear_gemv,
     linear_int8,
     linear_rows,
+    linear_sdot,
     linear_vnni,
 )
 from pocket.infer.routes.base import ROUTES, Route, dtype_of, geometry_of
@@ -54,7 +55,7 @@ TABLE: dict[str, tuple[Route, ...]] = {op: tuple(ROUTES[r] for r in names) for o
                "conv_winograd",
                "conv_fma_1x1", "conv_fma_pitch", "conv_fma_cols", "conv_pointwise",
                "conv_gemm_pitch", "conv_gemm", "conv_im2col"),
-    "linear": ("linear_vnni", "linear_int8", "linear_fma", "linear_gemv", "linear_blas",
+    "linear": ("linear_vnni", "linear_sdot", "linear_int8", "linear_fma", "linear_gemv", "linear_blas",
                "linear_rows"),
 }.items()}
 NAMES = tuple(r.name for routes in TABLE.values() for r in routes)
