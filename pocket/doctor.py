@@ -67,7 +67,7 @@ def engine_report() -> dict:
     fp32 = "avx512-fma" if kernels_fma.AVAILABLE else "blas"
     return {"int8_route": int8, "fp32_route": fp32,
             "int8_detail": ("AVX-512 VNNI vpdpbusd kernels" if int8 == "vnni" else
-                            "ARM dotprod sdot kernels for 1x1 convs, portable ones elsewhere"
+                            "ARM dotprod sdot kernels (convs of groups 1, linears), portable ones elsewhere"
                             if int8 == "sdot" else
                             "float32 BLAS GEMMs of the int8 codes and portable Numba kernels"),
             "fp32_detail": ("AVX-512 FMA GEMM tiles" if fp32 == "avx512-fma" else

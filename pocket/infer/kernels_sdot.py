@@ -19,6 +19,10 @@ bias as in kernels_int8 (bias_adj = b_q - x_zp * wsum): acc = bias_adj + sum(x_q
   32 registers) and broadcasts 4 weight bytes a channel a step; kernels_vnni.requant_cols then
   writes the int8 (or float32) output. Weights with C % 4 != 0 are padded to whole words once,
   at the first bind (routes/conv_sdot.py).
+- any other conv2d of groups 1 (3x3 s1/s2, a 7x7 s2 stem, padded or dilated): `pack_taps` is
+  the im2row written straight into the same operand, row tap*C4 + c4 (four channels of one
+  input pixel a word, x_zp in the padding), and `weights_taps` orders the weights to match
+  once (routes/conv_sdot_taps.py); `gemm` and requant_cols(_pool) as above.
 
 Exactness: all sums are int32; |x_q * w| <= 128 * 128, so K <= MAX_K keeps every partial sum
 in range and the int64 epilogue sees the true value.
@@ -209,3 +213,75 @@ def pad_weights(out, w):
     for r in range(o):
         for j in range(out.shape[1]):
             out[r, j] = w[r, j] if j < k else 0
+
+
+@kernel
+def pack_taps(xb, x, kh, kw, sh, sw, ph, pw, dh, dw, zp):
+    """x (M, C, H, W) i8 -> xb (K4, 4*Mp) i8, the bytes of xp (K4, Mp) u32 for a kh x kw conv:
+    row r = tap*C4 + c4 (tap = i*kw + j, C4 = ceil(C/4)), word [r, b*P + q] holds channels
+    4*c4..4*c4+3 of the input under tap (i, j) of output pixel q = oh*Wo + ow of image b, zp
+    (x_zp: the code of 0.0) where the tap falls in the padding, 0 past C (zero weights there,
+    see weights_taps), zero past the M*P real columns.
+
+    NOTE: taps outermost and four channels a word, not OIHW's (c, i, j) order: each word is
+    four planes' bytes at one input pixel (the interleave pack_1x1 stores a group at a time)
+    and each row's valid columns are one run per output row, found once, not tested per
+    byte."""
+    m, ch, h, wd = x.shape
+    k4, nb = xb.shape
+    c4n = (ch + 3) // 4
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    p = ho * wo
+    z = np.int8(zp)
+    for r in prange(k4 * m):
+        row, b = r // m, r % m
+        tap, c4 = row // c4n, row % c4n
+        i, j = tap // kw, tap % kw
+        off = j * dw - pw  # input column of output column 0
+        # output columns whose input column lies in [0, W): [lo, hi)
+        lo = min(wo, max(0, (-off + sw - 1) // sw))
+        hi = max(lo, min(wo, (wd - 1 - off) // sw + 1)) if wd - 1 - off >= 0 else lo
+        dst = xb[row]
+        full = 4 * c4 + 3 < ch
+        for oh in range(ho):
+            ih = oh * sh + i * dh - ph
+            u = 4 * (b * p + oh * wo)
+            if ih < 0 or ih >= h:
+                for t in range(4 * wo):
+                    dst[u + t] = z if 4 * c4 + t % 4 < ch else 0
+                continue
+            for t in range(4 * lo):
+                dst[u + t] = z if 4 * c4 + t % 4 < ch else 0
+            for t in range(4 * hi, 4 * wo):
+                dst[u + t] = z if 4 * c4 + t % 4 < ch else 0
+            if full:
+                s0, s1 = x[b, 4 * c4, ih], x[b, 4 * c4 + 1, ih]
+                s2, s3 = x[b, 4 * c4 + 2, ih], x[b, 4 * c4 + 3, ih]
+                for ow in range(lo, hi):
+                    iw, v = ow * sw + off, u + 4 * ow
+                    dst[v] = s0[iw]
+                    dst[v + 1] = s1[iw]
+                    dst[v + 2] = s2[iw]
+                    dst[v + 3] = s3[iw]
+            else:
+                for t in range(4):
+                    c = 4 * c4 + t
+                    for ow in range(lo, hi):
+                        dst[u + 4 * ow + t] = x[b, c, ih, ow * sw + off] if c < ch else 0
+        if b == m - 1:
+            for u in range(4 * m * p, nb):
+                dst[u] = 0
+
+
+@njit(cache=True)
+def weights_taps(out, w):
+    """w (O, C, kh, kw) i8 -> out (O, 4*kh*kw*C4) i8 in pack_taps' row order: byte
+    4*(tap*C4 + c4) + t of row o is w[o, 4*c4 + t, i, j] (tap = i*kw + j), zero past C."""
+    o, ch, kh, kw = w.shape
+    c4n = (ch + 3) // 4
+    for r in range(o):
+        for tap in range(kh * kw):
+            i, j = tap // kw, tap % kw
+            for c in range(4 * c4n):
+                out[r, 4 * tap * c4n + c] = w[r, c, i, j] if c < ch else 0

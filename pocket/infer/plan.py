@@ -30,7 +30,7 @@ class EngineError(PocketError):
 @dataclass(frozen=True)
 class Cpu:
     """The kernel families this machine runs: kernels_fma (AVX-512 fp32), kernels_vnni
-    (AVX-512 VNNI int8) and kernels_sdot (ARM dotprod int8, 1x1 convs); without them, the
+    (AVX-512 VNNI int8) and kernels_sdot (ARM dotprod int8 convs); without them, the
     portable kernels and BLAS (what the Pi 4 runs)."""
 
     fma: bool

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pocket.infer import kernels_fma, kernels_vnni
+from pocket.infer import kernels_fma, kernels_sdot, kernels_vnni
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -83,6 +83,8 @@ PORTABLE_ROUTES = {
 NATIVE_ROUTES["f32"] = PORTABLE_ROUTES["f32"] | {"conv_fma_1x1", "conv_fma_pitch", "conv_fma_cols",
                                                  "conv_winograd_fused", "linear_fma", "linear_gemv"}
 NATIVE_ROUTES["i8"] = PORTABLE_ROUTES["i8"] | {"conv_vnni", "conv_vnni_quad", "linear_vnni"}
+# ARM dotprod (the Pi 5): the int8 sdot routes ahead of the portable ones
+SDOT_ROUTES = PORTABLE_ROUTES["i8"] | {"conv_sdot", "conv_sdot_taps", "linear_sdot"}
 KERNELS = {"f32": {"maxpool_sep", "avgpool2d", "global_avgpool", "bias_act_pool"}, "i8": {"maxpool_sep"}}
 NATIVE_KERNELS = {"f32": {"gemm_pool2_pitch", "gemm_pool2_padded", "gemm_rows", "bias_act_sum"},
                   "i8": {"requant_cols_pool", "requant_cols_pack", "pack_quad_cols", "gemm_quad"}}
@@ -106,6 +108,16 @@ def test_native_routes_match_reference(dtype):
     # linears' requant_cols_pack
     done = run_worker(dtype, EXAMPLES * 21 // 10 if dtype == "i8" else EXAMPLES, {}, *_skip_known())
     missing = _missing(done, NATIVE_ROUTES[dtype], KERNELS[dtype] | NATIVE_KERNELS[dtype])
+    assert not missing, f"the fuzz cases never reached {missing}: {done}"
+
+
+def test_sdot_routes_match_reference():
+    """On a CPU with ARM dotprod (`PI=pi5 arm64-env python -m pytest` this test, with pytest and
+    hypothesis in the root); elsewhere skipped."""
+    if not kernels_sdot.AVAILABLE:
+        pytest.skip("this CPU has no ARM dotprod")
+    done = run_worker("i8", EXAMPLES, {}, *_skip_known())
+    missing = _missing(done, SDOT_ROUTES, KERNELS["i8"] | {"requant_cols_pool"})
     assert not missing, f"the fuzz cases never reached {missing}: {done}"
 
 
