@@ -27,6 +27,29 @@ def _bytes(rows: int, o: int, k4: int) -> tuple[int, int]:
     return _aligned(4 * k4 * mp), _aligned(4 * o * mp)
 
 
+def sdot_limit(dtype, cpu) -> str | None:
+    """Why an sdot route cannot run here, or None (the CPU and dtype half of `limits`)."""
+    if not cpu.sdot:
+        return "needs the ARM dot product extension (kernels_sdot; off with POCKET_INT8_SDOT=0)"
+    return "int8 only" if dtype != "i8" else None
+
+
+def plan_chunks(ctx, d: dict) -> None:
+    """d["chunk"] images a GEMM (the packed operand and sums within VNNI_SCRATCH_BYTES a
+    thread) and the scratch they need, from d's o, p and k4."""
+    per_image = 4 * (d["k4"] + d["o"]) * d["p"]
+    d["chunk"] = max(1, min(ctx.max_batch, lc.VNNI_SCRATCH_BYTES * ctx.threads // per_image))
+    d["scratch_bytes"] = sum(_bytes(d["chunk"] * d["p"], d["o"], d["k4"]))
+
+
+def chunk_scratch(ctx, step: int, d: dict, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The packed operand xp (K4, Mp) u32 and the sums c (O, Mp) i32 of a chunk of m images."""
+    mp = _cols(m * d["p"])
+    xp_bytes, _ = _bytes(d["chunk"] * d["p"], d["o"], d["k4"])
+    return (ctx.scratch(step, np.uint32, (d["k4"], mp)),
+            ctx.scratch(step, np.int32, (d["o"], mp), xp_bytes))
+
+
 def _pad_weights(w2: np.ndarray, k4: int) -> np.ndarray:
     out = np.empty((w2.shape[0], 4 * k4), np.int8)
     ks.pad_weights(out, w2)
@@ -38,28 +61,25 @@ class ConvSdot(Route):
     name, op = "conv_sdot", "conv2d"
 
     def limits(self, geo, dtype, cpu):
-        if not cpu.sdot:
-            return "needs the ARM dot product extension (kernels_sdot; off with POCKET_INT8_SDOT=0)"
-        if dtype != "i8":
-            return "int8 only"
+        why = sdot_limit(dtype, cpu)
+        if why:
+            return why
         if geo.groups != 1 or (geo.kh, geo.kw, geo.ph, geo.pw) != (1, 1, 0, 0):
             return "1x1 convs without padding, groups 1, only"
         return None if geo.k <= ks.MAX_K else f"K = {geo.k} exceeds kernels_sdot.MAX_K"
 
     def prepare(self, ctx, node):
         d = conv_prep(ctx, node, self.name)
-        o, k, p = d["o"], d["k"], d["p"]
+        o, k = d["o"], d["k"]
         d.update(_int8_consts(ctx, node, d["w"]))
         d["w2"] = d["w"].reshape(o, k)
         d["k4"] = -(-k // 4)
-        per_image = 4 * (d["k4"] + o) * p
-        d["chunk"] = max(1, min(ctx.max_batch, lc.VNNI_SCRATCH_BYTES * ctx.threads // per_image))
-        d["scratch_bytes"] = sum(_bytes(d["chunk"] * p, o, d["k4"]))
+        plan_chunks(ctx, d)
         return d
 
     def bind(self, ctx, step, node, d, n, pool=None):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
-        o, p, k4 = d["o"], d["p"], d["k4"]
+        p, k4 = d["p"], d["k4"]
         sh, sw = d["geom"][2:4]
         # K % 4 != 0: the weights padded to whole words, once (routes.base.prepared)
         w4 = d["w2"] if d["k"] % 4 == 0 else prepared(d, "w_pad", lambda: _pad_weights(d["w2"], k4))
@@ -67,10 +87,7 @@ class ConvSdot(Route):
         calls = []
         for start in range(0, n, d["chunk"]):
             m = min(d["chunk"], n - start)
-            mp = _cols(m * p)
-            xp_bytes, _ = _bytes(d["chunk"] * p, o, k4)
-            xp = ctx.scratch(step, np.uint32, (k4, mp))
-            c = ctx.scratch(step, np.int32, (o, mp), xp_bytes)
+            xp, c = chunk_scratch(ctx, step, d, m)
             calls += [partial(ks.pack_1x1, xp.view(np.int8), x[start:start + m], sh, sw),
                       partial(ks.gemm, c, w4, xp),
                       partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32),

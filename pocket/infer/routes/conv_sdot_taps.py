@@ -14,10 +14,9 @@ import numpy as np
 
 from pocket.infer import kernels_sdot as ks
 from pocket.infer import kernels_vnni as kv
-from pocket.infer import lowering_common as lc
 from pocket.infer.lowering_common import _int8_consts
 from pocket.infer.routes.base import Route, conv_prep, prepared, register
-from pocket.infer.routes.conv_sdot import _bytes, _cols
+from pocket.infer.routes.conv_sdot import chunk_scratch, plan_chunks, sdot_limit
 
 
 def taps_k4(geo) -> int:
@@ -37,10 +36,9 @@ class ConvSdotTaps(Route):
     fuses_pool = True
 
     def limits(self, geo, dtype, cpu):
-        if not cpu.sdot:
-            return "needs the ARM dot product extension (kernels_sdot; off with POCKET_INT8_SDOT=0)"
-        if dtype != "i8":
-            return "int8 only"
+        why = sdot_limit(dtype, cpu)
+        if why:
+            return why
         if geo.groups != 1:
             return "groups 1 only"
         k = 4 * taps_k4(geo)
@@ -48,17 +46,14 @@ class ConvSdotTaps(Route):
 
     def prepare(self, ctx, node):
         d = conv_prep(ctx, node, self.name)
-        o, p = d["o"], d["p"]
         d.update(_int8_consts(ctx, node, d["w"]))
         d["k4"] = taps_k4(d["geo"])
-        per_image = 4 * (d["k4"] + o) * p
-        d["chunk"] = max(1, min(ctx.max_batch, lc.VNNI_SCRATCH_BYTES * ctx.threads // per_image))
-        d["scratch_bytes"] = sum(_bytes(d["chunk"] * p, o, d["k4"]))
+        plan_chunks(ctx, d)
         return d
 
     def bind(self, ctx, step, node, d, n, pool=None):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
-        o, p, k4 = d["o"], d["p"], d["k4"]
+        p, k4 = d["p"], d["k4"]
         ho, wo = y.shape[2:]
         pool, pool_geom = pool or (None, ())
         # NOTE: reordered once (routes.base.prepared), kept while the engine lives: K bytes a
@@ -69,10 +64,7 @@ class ConvSdotTaps(Route):
         calls = []
         for start in range(0, n, d["chunk"]):
             m = min(d["chunk"], n - start)
-            mp = _cols(m * p)
-            xp_bytes, _ = _bytes(d["chunk"] * p, o, k4)
-            xp = ctx.scratch(step, np.uint32, (k4, mp))
-            c = ctx.scratch(step, np.int32, (o, mp), xp_bytes)
+            xp, c = chunk_scratch(ctx, step, d, m)
             calls += [partial(ks.pack_taps, xp.view(np.int8), x[start:start + m], *d["geom"], zp),
                       partial(ks.gemm, c, wt, xp),
                       partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32), wo, p, *epi)

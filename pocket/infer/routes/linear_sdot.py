@@ -15,7 +15,7 @@ from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_sdot as ks
 from pocket.infer.lowering_common import _aligned, _int8_consts
 from pocket.infer.routes.base import Route, prepared, register
-from pocket.infer.routes.conv_sdot import _cols
+from pocket.infer.routes.conv_sdot import _cols, sdot_limit
 
 
 def _pack(w: np.ndarray, k4: int) -> np.ndarray:
@@ -31,10 +31,9 @@ class LinearSdot(Route):
     name, op = "linear_sdot", "linear"
 
     def limits(self, geo, dtype, cpu):
-        if not cpu.sdot:
-            return "needs the ARM dot product extension (kernels_sdot; off with POCKET_INT8_SDOT=0)"
-        if dtype != "i8":
-            return "int8 only"
+        why = sdot_limit(dtype, cpu)
+        if why:
+            return why
         k = 4 * -(-geo.k // 4)
         return None if k <= ks.MAX_K else f"K = {k} exceeds kernels_sdot.MAX_K"
 
