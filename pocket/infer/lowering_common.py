@@ -40,7 +40,10 @@ F32_ROUTE_ROWS = 16
 _LINEAR_SKEW = 16
 
 
+# NOTE: read-only like the mmapped biases it stands in for: a writable empty bias made Numba
+# compile every bias kernel a second time (the readonly flag is part of its signature)
 _EMPTY_F32 = np.zeros(0, np.float32)
+_EMPTY_F32.flags.writeable = False
 
 
 def _act_code(a: dict) -> int:
