@@ -214,6 +214,15 @@ def _qdq(onnx_op: str) -> Callable:
     return emit
 
 
+def _lut(b: _Builder, n: Node) -> None:
+    # table[x + 128]: ONNX has no int8 lookup op, so Gather over the codes widened to int32
+    name = n.name
+    wide = b.node("Cast", [n.inputs[0]], f"{name}/i32", f"{name}/i32", to=6)  # INT32
+    idx = b.node("Add", [wide, b.const(f"{name}/offset", np.int32(128))], f"{name}/idx",
+                 f"{name}/idx")
+    b.node("Gather", [b.param(n.inputs[1]), idx], n.outputs[0], name, axis=0)
+
+
 _gemm = _layer("Gemm", lambda b, n: {"transB": 1})
 
 
@@ -246,6 +255,7 @@ ops.register_table("onnx_export", {
     "reshape": _reshape,
     "quantize": _qdq("QuantizeLinear"),
     "dequantize": _qdq("DequantizeLinear"),
+    "lut": _lut,
 })
 ops.register_table("onnx_export", {n: _single for n, op in ops.OPS.items() if op.onnx is not None})
 

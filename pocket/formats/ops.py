@@ -203,6 +203,12 @@ def _infer_dequantize(node, ins, where: str) -> Out:
     return [("f32", ins[0].shape)]
 
 
+def _infer_lut(node, ins, where: str) -> Out:
+    need(ins[0].dtype == "i8", where, f"lut reads i8 codes, got {ins[0].dtype}")
+    need(ins[1].dtype == "i8" and tuple(ins[1].shape) == (256,), where,
+         f"the table must be 256 int8 codes, got {ins[1].dtype} {list(ins[1].shape)}")
+    return [("i8", ins[0].shape)]
+
 
 # --------------------------------------------------------------------------- the entries
 
@@ -273,6 +279,11 @@ OPS: dict[str, Op] = {
            "q = clip(round_half_even(x / scale) + zero_point, -128, 127)", int8=INT8_QDQ,
            trainable=False, traceable=False),
         Op("dequantize", 1, 1, dict(QDQ_ATTRS), _infer_dequantize, "x = (q - zero_point) * scale",
+           int8=INT8_QDQ, trainable=False, traceable=False),
+        # The importer's quantize(f(dequantize(q))) for an elementwise f of one int8 value (a
+        # QDQ SiLU, sigmoid, hardswish...): f over all 256 codes, as onnxruntime's QLinear
+        # lookup tables do
+        Op("lut", 2, 2, {}, _infer_lut, "y = table[x + 128] (int8 codes in and out)",
            int8=INT8_QDQ, trainable=False, traceable=False),
     ]
 }

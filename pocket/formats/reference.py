@@ -313,6 +313,11 @@ def dequantize(a, x, **_):
     return q.dequantize(x, a["scale"], a["zero_point"])
 
 
+@ops.register("reference", "lut")
+def lut(a, x, table, **_):
+    return table[x.astype(np.int16) + 128]
+
+
 _NP_DTYPES = {"f32": np.float32, "f16": np.float16, "i8": np.int8, "u8": np.uint8,
               "i32": np.int32, "i64": np.int64}
 

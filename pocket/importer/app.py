@@ -19,7 +19,7 @@ import numpy as np
 from pocket.export.transforms import optimize, remove_dead
 from pocket.formats.container import read_container, write_container
 from pocket.formats.ir import Graph
-from pocket.importer.passes import fold_bias_add, fold_silu, int8_layers
+from pocket.importer.passes import fold_bias_add, fold_silu, int8_layers, int8_luts
 from pocket.importer.reader import ImportError_, onnx_module, parse_shapes, read_model
 
 
@@ -78,6 +78,9 @@ def import_onnx(model_or_path, *, input_shapes: dict | list | None = None, int8:
     graph, params, quant, n = int8_layers(graph, params, qconsts)
     if n:
         applied.append(f"made {n} int8 ops from QDQ")
+        graph, params, n = int8_luts(graph, params)
+        if n:
+            applied.append(f"made {n} int8 lookup tables from QDQ elementwise ops")
         # The dequantize nodes the int8 layers no longer read.
         graph, params, _ = remove_dead(graph, params)
         quant = {k: v for k, v in quant.items() if k in params}

@@ -3,6 +3,8 @@
     fold_bias_add   linear/conv2d without a bias, then Add of a constant -> the bias
                     (MatMul + Add is how many exporters write a Linear)
     (export's optimize: drop_dropout, fold_batchnorm, fuse_activations, remove_dead)
+    int8_luts       quantize(f(dequantize(q))), f elementwise over the one int8 value q (a QDQ
+                    sigmoid, SiLU, hardswish...) -> lut(q, f over all 256 codes)
     int8_layers     QDQ -> int8 ops, as onnxruntime fuses them into integer kernels:
                     dequantize -> conv2d/linear (weights from DequantizeLinear of int8) [relu]
                     [-> quantize] becomes one int8 layer with the file's own integers, scales and
@@ -22,7 +24,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from pocket.export.transforms import Rewrite, _bypass, _finish, _fresh, _sole_reader, consumers, producers
-from pocket.formats import ops
+from pocket.formats import (
+    ops,
+    reference,  # noqa: F401  (fills the reference slot int8_luts evaluates)
+)
 from pocket.formats import quant as Q
 from pocket.formats.ir import Graph
 from pocket.importer.reader import QConst
@@ -177,3 +182,79 @@ def _int8_bias(b: np.ndarray, qc: QConst | None, x_scale: float,
         if np.all(np.abs(s - want) <= 1e-6 * want):
             return np.ascontiguousarray(qc.q)
     return Q.quantize_bias(b, x_scale, w_scale)
+
+
+# The float ops a lookup table may absorb: the activations, and add/mul whose other input is
+# a scalar constant or a function of the same int8 value (x * sigmoid(x))
+_LUT_BINARY = ("add", "mul")
+_CODES = np.arange(-128, 128, dtype=np.int8)
+
+
+def int8_luts(graph: Graph, params: Mapping[str, np.ndarray]) -> Rewrite:
+    """Each quantize whose float input is an elementwise function of one int8 value q becomes
+    lut(q, table): the function on all 256 codes through the reference ops, quantized as the
+    graph quantizes it. The float nodes in between go once nothing else reads them. Run after
+    int8_layers, so the layers' int8 outputs are the sources."""
+    g = copy.deepcopy(graph)
+    params = dict(params)
+    made = producers(g)
+    unary = set(ops.activations()) | {"dropout"}
+    impl = ops.implementations("reference")
+
+    def codes(v: str):
+        """(source, codes): int8 value v as a function of the codes of an int8 source."""
+        p = made.get(v)
+        if p is not None and p.op == "lut":
+            src, c = codes(p.inputs[0])
+            return src, params[p.inputs[1]][c.astype(np.int16) + 128]
+        if p is not None and p.op == "quantize":
+            r = floats(p.inputs[0])
+            if r is not None:
+                return r[0], impl["quantize"](p.attrs, r[1])
+        return v, _CODES
+
+    def floats(v: str):
+        """(source, values) of float value v over the source's 256 codes, or None."""
+        p = made.get(v)
+        if p is None:
+            return None
+        if p.op == "dequantize":
+            src, c = codes(p.inputs[0])
+            return src, impl["dequantize"](p.attrs, c)
+        if p.op in unary and len(p.inputs) == 1:
+            r = floats(p.inputs[0])
+            return None if r is None else (r[0], impl[p.op](p.attrs, r[1]))
+        if p.op in _LUT_BINARY:
+            srcs, args = set(), []
+            for x in p.inputs:
+                if x in g.params:
+                    if params[x].size != 1 or params[x].dtype != np.float32:
+                        return None
+                    args.append(params[x].reshape(()))
+                    continue
+                r = floats(x)
+                if r is None:
+                    return None
+                srcs.add(r[0])
+                args.append(r[1])
+            if len(srcs) != 1:
+                return None
+            return srcs.pop(), impl[p.op](p.attrs, *args).astype(np.float32)
+        return None
+
+    count = 0
+    for qn in [n for n in g.nodes if n.op == "quantize"]:
+        p = made.get(qn.inputs[0])
+        if p is None or p.op == "dequantize":
+            continue  # a requantization alone: int8_layers' business, or a float input
+        r = floats(qn.inputs[0])
+        if r is None:
+            continue
+        src, table = r[0], impl["quantize"](qn.attrs, r[1])
+        t = _fresh(f"{qn.name}.table", params)
+        params[t] = np.ascontiguousarray(table, np.int8)
+        g.params[t] = None
+        qn.op, qn.inputs, qn.attrs = "lut", [src, t], {}
+        made = producers(g)
+        count += 1
+    return _finish(g, params, count)

@@ -60,6 +60,13 @@ def dequantize(out, x, scale, zp):
 
 
 @kernel
+def lut(out, x, table):
+    """x (M,) i8 -> out (M,) i8 = table[x + 128]."""
+    for i in prange(x.shape[0]):
+        out[i] = table[np.int32(x[i]) + 128]
+
+
+@kernel
 def im2row(col, x, kh, kw, sh, sw, ph, pw, dh, dw, pad):
     """x (N, C, H, W) i8 -> col (N, Ho*Wo, C*kh*kw), column (c, i, j) as in OIHW; outside = pad.
 

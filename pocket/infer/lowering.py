@@ -135,6 +135,11 @@ def _b_quantize(ctx, step, node, n):
     return [partial(kernel, y.reshape(-1), x.reshape(-1), a["scale"], a["zero_point"])]
 
 
+def _b_lut(ctx, step, node, n):
+    x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+    return [partial(ki.lut, y.reshape(-1), x.reshape(-1), ctx.params[node.inputs[1]])]
+
+
 BUILDERS = ops.register_table("engine", {
     # kernels_fp32.unary on the op's ACT code, for the activations no family builds itself
     **{op: _b_unary for op in ops.activations() if op not in lowering_vision.BUILDERS},
@@ -142,7 +147,7 @@ BUILDERS = ops.register_table("engine", {
     "maxpool2d": _b_maxpool2d, "avgpool2d": _b_avgpool2d,
     "global_avgpool": _b_global_avgpool, "flatten": _b_alias, "reshape": _b_alias,
     "dropout": _b_alias, "add": _b_add, "concat": _b_concat, "softmax": _b_softmax,
-    "quantize": _b_quantize, "dequantize": _b_quantize, **lowering_spiking.BUILDERS,
+    "quantize": _b_quantize, "dequantize": _b_quantize, "lut": _b_lut, **lowering_spiking.BUILDERS,
 })
 BUILDERS.update(lowering_vision.BUILDERS)
 BUILDERS.update(lowering_seqattn.BUILDERS)

@@ -29,7 +29,7 @@ PARAMS = {
     "qfc.w": ("i8", [5, 10]), "qfc.b": ("i32", [5]),
     "qc.w": ("i8", [4, 16, 1, 1]),
     "ln.w": ("f32", [HP * WP]), "ln.b": ("f32", [HP * WP]), "mm.w": ("f32", [16, 6]),
-    "emb.w": ("f32", [9, 4]),
+    "emb.w": ("f32", [9, 4]), "lut.t": ("i8", [256]),
 }
 
 EXPECTED = {  # node output -> (dtype, shape), derived by hand from the formulas above
@@ -43,6 +43,7 @@ EXPECTED = {  # node output -> (dtype, shape), derived by hand from the formulas
     "clip": ("f32", ["N", 8, H1, W1]), "silu": ("f32", ["N", 8, H1, W1]),
     "cs": ("f32", ["N", 8, H1, W1]), "mul": ("f32", ["N", 8, H1, W1]),
     "sl": ("f32", ["N", 16, 2]), "qcs": ("i8", ["N", 16, 1, 1]),
+    "qlut": ("i8", ["N", 16, 1, 1]),
     "mp": ("f32", ["N", 8, HP, WP]), "ap": ("f32", ["N", 8, HP, WP]),
     "cat": ("f32", ["N", 16, HP, WP]), "drop": ("f32", ["N", 16, HP, WP]),
     "flat": ("f32", ["N", 16 * HP * WP]), "rs": ("f32", ["N", 16, HP * WP]),
@@ -98,6 +99,7 @@ def every_op_graph() -> dict:
         node("qc", "conv2d", ["qgap", "qc.w"], x_scale=0.02, x_zero_point=0),
         node("qmp", "maxpool2d", ["qgap"], kernel=1),
         node("qcs", "channel_shuffle", ["qgap"], groups=8),
+        node("qlut", "lut", ["qgap", "lut.t"]),
         node("ln", "layernorm", ["rs", "ln.w", "ln.b"], eps=1e-5),
         node("tr", "transpose", ["ln"], perm=[0, 2, 1]),
         node("mm", "matmul", ["tr", "mm.w"]),
@@ -108,7 +110,7 @@ def every_op_graph() -> dict:
     return {
         "inputs": [{"name": "x", "dtype": "f32", "shape": ["N", 3, H, W]},
                    {"name": "ids", "dtype": "i64", "shape": ["N", 7]}],
-        "outputs": ["sm", "dq", "qc", "qmp", "sl", "qcs", "att", "emb"],
+        "outputs": ["sm", "dq", "qc", "qmp", "sl", "qcs", "qlut", "att", "emb"],
         "params": {k: {"dtype": d, "shape": s} for k, (d, s) in PARAMS.items()},
         "nodes": nodes,
         "metadata": {"task": "classification", "labels": [str(i) for i in range(5)]},

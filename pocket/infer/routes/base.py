@@ -165,6 +165,9 @@ def prepared(d: dict, key: str, make) -> np.ndarray:
     arr = d.get(key)
     if arr is None:
         arr = d[key] = make()
+        # read-only like the mmapped weights a kernel gets otherwise: Numba compiles a kernel
+        # again for each readonly flag it sees
+        arr.flags.writeable = False
         d["prepared_bytes"] = d.get("prepared_bytes", 0) + arr.nbytes
     return arr
 
