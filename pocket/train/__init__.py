@@ -11,7 +11,7 @@ import os
 # before the OpenMP runtime starts; a user's own setting wins. (pocket.infer does the same.)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from pocket.train import functional, init, nn, optim  # noqa: E402
+from pocket.train import functional, heap, init, nn, optim  # noqa: E402
 from pocket.train.backend import (
     Device,
     get_array_module,
@@ -25,6 +25,8 @@ from pocket.train.backend import (
 from pocket.train.gradcheck import gradcheck
 from pocket.train.memory import MemoryTracker, get_tracker, reset_tracker
 from pocket.train.tensor import Parameter, Tensor, enable_grad, no_grad
+
+heap.keep_freed_memory()  # see heap.py: page faults were half of a small model's step
 
 __all__ = [
     "Device", "MemoryTracker", "Parameter", "Tensor", "enable_grad", "functional",

@@ -223,6 +223,94 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, dropout
                       rng=rng)
 
 
+
+# ---------------------------------------------------------------- fused self-attention (CPU)
+
+def _self_attention_fwd(ctx, x, wq, bq, wk, bk, wv, bv, heads=1, causal=False, dropout_p=0.0,
+                        rng=None):
+    # x (N, L, E), w* (E, E), b* (E,) -> out (N, L, E): attention over the q/k/v projections
+    # of x, the heads merged back (the input of the output projection)
+    n, length, e = x.shape
+    dh = e // heads
+    x2 = x.reshape(-1, e)
+    w = np.concatenate((wq, wk, wv))  # (3E, E): one GEMM for the three projections
+    qkv = x2 @ w.T
+    qkv += np.concatenate((bq, bk, bv))
+    q, k, v = _heads(qkv, n, length, heads, dh)
+    scale = 1.0 / math.sqrt(dh)
+    s = q @ k.swapaxes(-1, -2)
+    s *= q.dtype.type(scale)
+    if causal:
+        s += causal_mask(np, length, length, s.dtype)
+    from pocket.train import kernels_seqattn as K
+
+    (K.softmax_rows32 if s.dtype == np.float32 else K.softmax_rows64)(s.reshape(-1, length))
+    p = s
+    mask = backend.dropout_mask(p.shape, p, dropout_p, rng) if dropout_p else None
+    pd = p if mask is None else p * mask
+    out = np.empty((n, length, heads, dh), x.dtype)
+    np.matmul(pd, v, out=out.transpose(0, 2, 1, 3))  # written in the merged layout
+    need_w = any(ctx.needs[1:])
+    ctx.save(x2 if need_w else None, w if ctx.needs[0] else None, qkv, p, mask)
+    ctx.attrs.update(heads=heads, scale=scale, shape=x.shape)
+    return out.reshape(n, length, e)
+
+
+def _heads(qkv, n, length, heads, dh):
+    # qkv (N*L, 3E) -> q, k, v (N, H, L, Dh) strided views
+    q5 = qkv.reshape(n, length, 3, heads, dh)
+    return tuple(q5[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+
+
+def _self_attention_bwd(ctx, gy):
+    x2, w, qkv, p, mask = ctx.saved
+    at, needs = ctx.attrs, ctx.needs
+    n, length, e = at["shape"]
+    heads = at["heads"]
+    dh = e // heads
+    q, k, v = _heads(qkv, n, length, heads, dh)
+    gy4 = gy.reshape(n, length, heads, dh).transpose(0, 2, 1, 3)
+    g = np.empty_like(qkv)  # (N*L, 3E): dq, dk, dv written in the projections' layout
+    gq, gk, gv = _heads(g, n, length, heads, dh)
+    pd = p if mask is None else p * mask
+    np.matmul(pd.swapaxes(-1, -2), gy4, out=gv)
+    gp = gy4 @ v.swapaxes(-1, -2)
+    if mask is not None:
+        gp *= mask
+    from pocket.train import kernels_seqattn as K
+
+    K.softmax_backward_rows(p.reshape(-1, length), gp.reshape(-1, length),
+                            gp.dtype.type(at["scale"]))
+    np.matmul(gp, k, out=gq)
+    np.matmul(gp.swapaxes(-1, -2), q, out=gk)
+    gx = (g @ w).reshape(at["shape"]) if needs[0] else None
+    gw = g.T @ x2 if any(needs[1::2]) else None
+    gb = np.ones(g.shape[0], g.dtype) @ g if any(needs[2::2]) else None
+    grads = [gx]
+    for i in range(3):
+        grads.append(gw[i * e:(i + 1) * e] if needs[1 + 2 * i] else None)
+        grads.append(gb[i * e:(i + 1) * e] if needs[2 + 2 * i] else None)
+    return tuple(grads)
+
+
+_self_attention = primitive("self_attention", _self_attention_fwd, _self_attention_bwd)
+
+
+def fused_self_attention_ok(x, *params) -> bool:
+    """Whether `self_attention` runs here: CPU arrays, float32 or float64, one dtype."""
+    return _cpu_rows(x.data, *(t.data for t in params)) and x.ndim == 3
+
+
+def self_attention(x, wq, bq, wk, bk, wv, bv, heads: int, causal: bool = False,
+                   dropout_p: float = 0.0, rng=None) -> Tensor:
+    """Multi-head self-attention of x (N, L, E) through the q/k/v projections (w (E, E) as
+    linear's, b (E,)), heads merged: the value `attention` gives on `linear`'s projections split
+    into heads, with one GEMM for the three projections and no head split/merge copies (CPU,
+    float32/float64: see fused_self_attention_ok)."""
+    x = as_tensor(x)
+    return _self_attention(x, wq, bq, wk, bk, wv, bv, heads=int(heads), causal=bool(causal),
+                           dropout_p=float(dropout_p), rng=rng)
+
 from pocket.train import functional as F  # noqa: E402  (functional imports this module last)
 
 ops.register_table("train", {

@@ -81,9 +81,22 @@ class MultiheadAttention(Module):
     def head_dim(self) -> int:
         return self.embed_dim // self.heads
 
+    def _fused(self, x) -> bool:
+        # FS.self_attention needs the three projections as plain Linears with a bias (LoRA
+        # wraps them; those take the composed path)
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        return (all(type(m) is Linear and m.bias is not None for m in projs)
+                and FS.fused_self_attention_ok(x, *(t for m in projs for t in (m.weight, m.bias))))
+
     def forward(self, x):
         # x (N, L, E) -> (N, L, E)
         n, length, _ = x.shape
+        if self._fused(x):
+            y = FS.self_attention(x, self.q_proj.weight, self.q_proj.bias, self.k_proj.weight,
+                                  self.k_proj.bias, self.v_proj.weight, self.v_proj.bias,
+                                  self.heads, self.causal,
+                                  self.dropout if self.training else 0.0, self.rng)
+            return self.out_proj(y)
 
         def heads(t):  # (N, L, E) -> (N, H, L, Dh)
             return t.reshape(n, length, self.heads, self.head_dim).transpose(0, 2, 1, 3)

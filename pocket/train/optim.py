@@ -51,6 +51,16 @@ def _free_keys(keys: list) -> None:
         tracker.free("optimizer_state", k)
 
 
+def _cpu_fused(x, g, m, v) -> bool:
+    # kernels_optim: NumPy arrays of one float dtype and shape, contiguous (updated in place)
+    return (type(x) is np.ndarray and type(g) is np.ndarray and x.dtype in (np.float32, np.float64)
+            and g.dtype == x.dtype and g.shape == x.shape and x.flags.c_contiguous
+            and g.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous)
+
+
+_kernels: list = []  # kernels_optim, imported on first use (it compiles with Numba)
+
+
 class Optimizer:
     SLOTS: tuple = ()
 
@@ -69,6 +79,7 @@ class Optimizer:
         self.check_finite = check_finite
         self.step_count = 0
         self.state: dict[str, dict] = {}
+        self._cpu_hyper: dict = {}  # kernels_optim's scalars for this step
         self._keys: list = []
         weakref.finalize(self, _free_keys, self._keys)
 
@@ -129,6 +140,20 @@ class Optimizer:
             m, v = self._slot(name, p, "exp_avg"), self._slot(name, p, "exp_avg_sq")
             b1, b2 = h["betas"]
             bc1, bc2 = 1 - b1**self.step_count, 1 - b2**self.step_count
+            if _cpu_fused(x, g, m, v):
+                if not _kernels:
+                    from pocket.train import kernels_optim
+
+                    _kernels.append(kernels_optim)
+                K = _kernels[0]
+                key = (x.dtype, self.step_count, lr)
+                hp = self._cpu_hyper.get(key)
+                if hp is None:  # once a step and dtype
+                    self._cpu_hyper = {key: K.hyper(x.dtype, lr, wd, h["decoupled"], b1, b2,
+                                                    h["eps"], self.step_count)}
+                    hp = self._cpu_hyper[key]
+                K.adam_step(x, g, m, v, hp, bool(wd) and not h["decoupled"])
+                return
             if wd and h["decoupled"]:
                 x *= 1 - lr * wd
             elif wd:

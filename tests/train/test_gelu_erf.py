@@ -122,3 +122,41 @@ def test_gelu_matches_torch(dtype):
     tol = {"rtol": 1e-15, "atol": 1e-15} if dtype == np.float64 else {"rtol": 2e-6, "atol": 1e-6}
     np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), **tol)
     np.testing.assert_allclose(np.asarray(t.grad), tx.grad.numpy(), **tol)
+
+
+def _gelu_and_grad_naive(x):
+    # the twin of kernels_gelu.gelu_forward_grad32/64: math.erf and math.exp an element
+    xs = x.reshape(-1).astype(np.float64)
+    y = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in xs])
+    d = np.array([0.5 * (1 + math.erf(v / math.sqrt(2))) + v * math.exp(-0.5 * v * v)
+                  / math.sqrt(2 * math.pi) for v in xs])
+    return y.reshape(x.shape), d.reshape(x.shape)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1,), (1, 1), (3, 7), (2, 5, 9)])
+def test_gelu_and_grad_against_naive_twin(dtype, shape):
+    x = (np.random.default_rng(6).standard_normal(shape) * 4).astype(dtype)
+    x.reshape(-1)[0] = -7.5  # deep in the left tail, where 1 + erf cancels in float32
+    y, d = kg.gelu_and_grad(x)
+    assert y.shape == d.shape == x.shape and y.dtype == d.dtype == dtype
+    want_y, want_d = _gelu_and_grad_naive(x)
+    tol = {"rtol": 1e-14, "atol": 1e-300} if dtype == np.float64 else {"rtol": 2e-6, "atol": 1e-7}
+    np.testing.assert_allclose(d, want_d, **tol)
+    big = np.abs(want_y) > 1e-6  # float64's own 1 + erf cancels in the far left tail
+    np.testing.assert_allclose(y[big], want_y[big], **tol)
+    # one pass gives the same values as the separate forward and backward kernels
+    np.testing.assert_array_equal(y, kg.gelu(x))
+    np.testing.assert_array_equal(d, kg.gelu_grad(x, np.ones_like(x)))
+
+
+def test_gelu_saves_its_derivative_not_its_input():
+    x = np.random.default_rng(7).standard_normal((4, 6)).astype(np.float32)
+    t = Tensor(x, requires_grad=True)
+    y = F.gelu(t)
+    (saved,) = y.saved_arrays()
+    np.testing.assert_array_equal(saved, kg.gelu_grad(x, np.ones_like(x)))
+    gy = np.random.default_rng(8).standard_normal(x.shape).astype(np.float32)
+    y.backward(gy)
+    np.testing.assert_allclose(np.asarray(t.grad), gy * _gelu_grad64(x.astype(np.float64)),
+                               rtol=1e-5, atol=1e-6)

@@ -117,3 +117,50 @@ def test_schedules_and_their_state():
     assert opt2.lr == opt.lr
     step = optim.StepDecay(optim.SGD([Parameter(np.zeros(1))], lr=1.0), step_size=3, gamma=0.5)
     assert [step.step() for _ in range(6)] == [1.0, 1.0, 0.5, 0.5, 0.5, 0.25]
+
+
+def _adam_naive(x, g, m, v, lr, wd, decoupled, b1, b2, eps, step):
+    # the NumPy rule (optim's fallback), one ufunc at a time: kernels_optim.adam_step's twin
+    bc1, bc2 = 1 - b1**step, 1 - b2**step
+    if wd and decoupled:
+        x *= 1 - lr * wd
+    elif wd:
+        g = g + wd * x
+    m *= b1
+    m += (1 - b1) * g
+    v *= b2
+    v += (1 - b2) * (g * g)
+    denom = np.sqrt(v / bc2)
+    denom += eps
+    x -= (lr / bc1) * (m / denom)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("cls", "wd"), [(optim.AdamW, 0.1), (optim.Adam, 0.1), (optim.Adam, 0.0)])
+@pytest.mark.parametrize("shape", [(1,), (3, 5), (2, 1, 7)])
+def test_fused_cpu_adam_gives_the_numpy_rules_bits(dtype, cls, wd, shape):
+    rng = np.random.default_rng(9)
+    x0 = rng.standard_normal(shape).astype(dtype)
+    p = Parameter(x0.copy())
+    opt = cls([("p", p)], lr=0.03, weight_decay=wd)
+    x, m, v = x0.copy(), np.zeros_like(x0), np.zeros_like(x0)
+    for step in range(1, 5):
+        g = (rng.standard_normal(shape) * 10.0**step).astype(dtype)
+        p.grad = g.copy()
+        assert opt.step()
+        _adam_naive(x, g, m, v, 0.03, wd, cls is optim.AdamW, 0.9, 0.999, 1e-8, step)
+        np.testing.assert_array_equal(p.data, x)
+        np.testing.assert_array_equal(opt.state["p"]["exp_avg"], m)
+        np.testing.assert_array_equal(opt.state["p"]["exp_avg_sq"], v)
+
+
+def test_adam_on_a_strided_gradient_matches_a_contiguous_one():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((4, 3))
+    p, q = Parameter(x.copy()), Parameter(x.copy())
+    g = rng.standard_normal((3, 4))
+    a, b = optim.AdamW([("p", p)], lr=0.1), optim.AdamW([("p", q)], lr=0.1)
+    p.grad, q.grad = g.T, np.ascontiguousarray(g.T)  # the first one is not contiguous
+    a.step()
+    b.step()
+    np.testing.assert_array_equal(p.data, q.data)
