@@ -44,6 +44,8 @@ _LINEAR_SKEW = 16
 # compile every bias kernel a second time (the readonly flag is part of its signature)
 _EMPTY_F32 = np.zeros(0, np.float32)
 _EMPTY_F32.flags.writeable = False
+_EMPTY_I32 = np.zeros(0, np.int32)
+_EMPTY_I32.flags.writeable = False
 
 
 def _act_code(a: dict) -> int:

@@ -220,19 +220,27 @@ def test_dw_conv_padded_f32(name, act):
 
 
 @pytest.mark.parametrize("name", PADDED)
-def test_dw_conv_padded_int8_exact(name):
-    """Bit for bit with the naive twin (x_zp in the padding, requantized to int8 with ReLU)."""
+@pytest.mark.parametrize("sums", ["int32", "float32"])
+def test_dw_conv_padded_int8_exact(name, sums):
+    """Bit for bit with the naive twin (x_zp in the padding, requantized to int8 with ReLU), with
+    the sums in int32 (dw_conv_padded_q) and in float32 (dw_conv_padded_qf). The extreme codes
+    (-128 inputs and +-127 weights) put 5x5's sums near their largest, 406,400."""
     case = CASES_PADDED[name]
     n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
     x = RNG.integers(-128, 128, (n, c, h, wd)).astype(np.int8)
+    x[..., : h // 2, :] = -128
     w_q, w_s = qm.quantize_weights(RNG.standard_normal((c, 1, *k)).astype(np.float32))
+    w_q[0] = 127
+    w_q[-1] = -127
     b_q = qm.quantize_bias(RNG.standard_normal(c).astype(np.float32), 0.05, w_s)
-    m = qm.requant_multiplier(0.05, w_s, 0.07)
+    m = qm.requant_multiplier(0.0001, w_s, 0.07)
     acc = naive_dw(x, w_q, s, p, d, 11, 11) + b_q.astype(np.int64).reshape(1, -1, 1, 1)
     twin = _naive_requant(acc, m, -5, True)
-    for parts, fn in ((1, kd.dw_conv_padded_q.serial), (2, kd.dw_conv_padded_q)):
-        xp, tmp = _padded_scratch(case, parts, np.int8, np.int8, 77)
-        acc = np.full(tmp.shape, 2**31 - 1, np.int32)
+    kern = kd.dw_conv_padded_q if sums == "int32" else kd.dw_conv_padded_qf
+    x_dt, acc_dt = (np.int8, np.int32) if sums == "int32" else (np.float32, np.float32)
+    for parts, fn in ((1, kern.serial), (2, kern)):
+        xp, tmp = _padded_scratch(case, parts, x_dt, np.int8, 77)
+        acc = np.full(tmp.shape, 2**31 - 1, acc_dt)
         out = np.empty((n, c, ho, wo), np.int8)
         fn(out, x, w_q, b_q, xp, acc, tmp, m, 11, True, -5.0, (-5.0, 127.0, np.inf), True, s[0], *p)
         assert np.array_equal(out, twin), parts
