@@ -160,8 +160,12 @@ def cases(dtype: str, kind: str):
                                  for _ in out["linears"][1:]]
             out["bias"] = draw(st.booleans())
             out["to_int8"] = draw(st.booleans())
-            if dtype == "i8":  # over (N, ..., in): the int8 routes on its N * ... rows
-                out["seq"] = draw(st.sampled_from([[], [], [1], [7], [3, 2]]))
+            # int8 over (N, ..., in): the int8 routes on its N * ... rows; a single linear
+            # only (those do not chain, linear_chain), its leading dims picked by the seed and
+            # not drawn, so that the other cases stay as they were (a rare chained pair
+            # reaches requant_cols_pack)
+            if dtype == "i8" and len(out["linears"]) == 2:
+                out["seq"] = [[], [], [1], [7], [3, 2]][out["seed"] % 5]
             return out
         if kind in ("pool", "global_avgpool"):
             c, h, w = draw(st.integers(1, 6)), draw(st.integers(1, 13)), draw(st.integers(1, 13))
