@@ -11,6 +11,8 @@ int8 follows the QDQ convention onnxruntime fuses into integer kernels:
     int8 conv2d/linear  -> DequantizeLinear(x_q), DequantizeLinear(w_q, per-axis scale, axis 0),
                            DequantizeLinear(b_q int32, scale x_scale * w_scale, axis 0)
                            -> Conv/Gemm -> [Relu] -> [QuantizeLinear(y) when the node has y_scale]
+                           (a linear over (N, ..., in): Reshape to rows (N * ..., in) before the
+                           group and back after it)
     int8 maxpool2d, flatten, reshape, dropout (the ops that pass int8 through)
                         -> DequantizeLinear -> MaxPool/Flatten/Reshape/Identity -> QuantizeLinear, with the
                            qparams of the int8 input on both sides: exact (max commutes with a
@@ -227,12 +229,29 @@ _gemm = _layer("Gemm", lambda b, n: {"transB": 1})
 
 
 def _linear(b: _Builder, n: Node) -> None:
-    if len(b.infos[n.inputs[0]].shape) == 2:
+    shape = b.infos[n.inputs[0]].shape
+    if len(shape) == 2:
         _gemm(b, n)
         return
-    # (N, ..., in), fp32 only (the schema): Gemm is 2-D, so MatMul by a Transpose of the
-    # weight (constant-folded by the runtime), then the bias and the fused activation
     a, name = n.attrs, n.name
+    if "x_scale" in a:
+        # int8 (N, ..., in): the 2-D int8 linear on its rows, as the engine runs it. The codes
+        # are reshaped to (N * ..., in) and back around the Gemm's QDQ group (a Reshape of int8
+        # is exact), which onnxruntime fuses into QGemm as in the 2-D case.
+        o = b.params[n.inputs[1]].shape[0]
+        flat = b.const(f"{name}.rows", np.asarray([-1, shape[-1]], np.int64))
+        rows = b.node("Reshape", [n.inputs[0], flat], f"{name}/rows", f"{name}/rows")
+        _gemm(b, Node(name, n.op, [rows, *n.inputs[1:]], [f"{name}/rows_out"], a))
+        if all(isinstance(d, int) for d in shape[1:]):  # -1 recovers N
+            back = b.const(f"{name}.shape", np.asarray([-1, *shape[1:-1], o], np.int64))
+        else:  # a symbolic inner dim: the input's own leading dims
+            lead = b.node("Shape", [n.inputs[0]], f"{name}/lead", f"{name}/lead", end=-1)
+            back = b.node("Concat", [lead, b.const(f"{name}.o", np.asarray([o], np.int64))],
+                          f"{name}/shape", f"{name}/shape", axis=0)
+        b.node("Reshape", [f"{name}/rows_out", back], n.outputs[0], f"{name}/unrows")
+        return
+    # (N, ..., in) fp32: Gemm is 2-D, so MatMul by a Transpose of the
+    # weight (constant-folded by the runtime), then the bias and the fused activation
     act = a.get("activation", "none")
     y = f"{name}/y" if act != "none" else n.outputs[0]
     wt = b.node("Transpose", [b.param(n.inputs[1])], f"{name}/wT", f"{name}/wT", perm=[1, 0])

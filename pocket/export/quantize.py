@@ -125,14 +125,11 @@ def _plan(graph: Graph, int8: set[str], ranges) -> _Plan:
 def _candidates(graph: Graph) -> tuple[set[str], dict[str, str]]:
     """Layers that can be int8, and the reason for each that cannot."""
     ok, why = set(), {}
-    infos = graph.validate()
     for n in graph.nodes:
         if n.op not in LAYERS:
             continue
         act = n.attrs.get("activation", "none")
-        if n.op == "linear" and len(infos[n.inputs[0]].shape) > 2:
-            why[n.name] = "a linear over (N, L, features) stays fp32 (int8 linear is 2-D)"
-        elif not ops.int8_fuses(act):
+        if not ops.int8_fuses(act):
             fuse = ops.with_int8(ops.INT8_FUSE)
             why[n.name] = (f"fused activation '{act}' has no int8 form (only "
                            f"{' and '.join(fuse)} fuse{'s' if len(fuse) == 1 else ''} into int8)")
@@ -207,6 +204,7 @@ def _layer_errors(graph: Graph, params, x: np.ndarray, plan: _Plan, ranges,
                   {n: ValueInfo(DTYPE_NAMES[a.dtype], a.shape) for n, a in p.items()})
         minis[node.name] = (g, p, quant, xv, yv)
 
+    node_ops = {n.name: n.op for n in graph.nodes}
     sums = {name: [0.0, 0.0, 0.0, 0.0] for name in minis}  # noise/signal per channel, total
     envs = kept if kept is not None else (reference.run(graph, params, xb, keep_all=True)
                                           for xb in batches(x))
@@ -214,7 +212,8 @@ def _layer_errors(graph: Graph, params, x: np.ndarray, plan: _Plan, ranges,
         for name, (g, p, quant, xv, yv) in minis.items():
             y = env[yv].astype(np.float64)
             yq = reference.run(g, p, env[xv], quant)[g.outputs[0]].astype(np.float64)
-            axes = (0, *range(2, y.ndim))
+            # per output channel: axis 1 of a conv's (N, C, H, W), the last of a linear's (N, ..., O)
+            axes = tuple(range(y.ndim - 1)) if node_ops[name] == "linear" else (0, *range(2, y.ndim))
             s = sums[name]
             d2, y2 = (yq - y) ** 2, y**2
             s[0] = s[0] + d2.sum(axis=axes)

@@ -61,7 +61,6 @@ from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages us
     conv_out,
     infer_passthrough,
     infer_unary_f32,
-    is_int8_node,
     need,
     norm_axis,
     out_dtype,
@@ -71,11 +70,10 @@ from pocket.formats.opschema import (  # noqa: F401  (re-exported: the stages us
 # --------------------------------------------------------------------------- shape inference
 
 def _infer_linear(node, ins, where: str) -> Out:
-    # (N, in) -> (N, out); fp32 also (N, ..., in) -> (N, ..., out), over the last axis
+    # (N, ..., in) -> (N, ..., out), over the last axis; int8 too, the leading dims as rows
     x, w = ins[0], ins[1]
     check_x_dtype(node, x, where)
-    need(len(x.shape) == 2 or (len(x.shape) > 2 and not is_int8_node(node)), where,
-         f"input must be 2-D (N, features) (fp32: or (N, ..., features)), got {list(x.shape)}")
+    need(len(x.shape) >= 2, where, f"input must be (N, ..., features), got {list(x.shape)}")
     need(len(w.shape) == 2, where, f"weight must be 2-D [out, in], got {list(w.shape)}")
     need(x.shape[-1] == w.shape[1], where,
          f"input has {x.shape[-1]} features but weight expects {w.shape[1]}")

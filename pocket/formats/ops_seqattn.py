@@ -3,7 +3,7 @@
 Values are (N, L, D) sequences or (N, H, L, D) heads; the batch is always axis 0. int8: all
 five stay f32 (layernorm and attention's softmax lose too much at 8 bits with one scale per
 tensor; embedding is a lookup; matmul/transpose only appear between attention's parts). A
-sequence model's int8 export quantizes its 2-D linears only (export/quantize.py).
+sequence model's int8 export quantizes its linears, over (N, L, in) too (export/quantize.py).
 """
 
 from __future__ import annotations

@@ -158,12 +158,14 @@ def _exact_int(acc: np.ndarray) -> np.ndarray:
 
 @ops.register("reference", "linear")
 def linear(a, x, w, b=None, *, w_scale=None):
-    """x (N, K), w (O, K), b (O,) -> (N, O)."""
+    """x (N, ..., K), w (O, K), b (O,) -> (N, ..., O)."""
     if _is_int8(a):
-        acc = _exact_int(_f64(x.astype(np.int64) - a["x_zero_point"]) @ _f64(w).T)
+        # the leading dims as rows (N * ..., K): the epilogue's channels are then axis 1
+        rows = x.reshape(-1, x.shape[-1])
+        acc = _exact_int(_f64(rows.astype(np.int64) - a["x_zero_point"]) @ _f64(w).T)
         if b is not None:
             acc = acc + b.astype(np.int64)
-        return _int8_epilogue(a, acc, w_scale)
+        return _int8_epilogue(a, acc, w_scale).reshape(*x.shape[:-1], w.shape[0])
     y = _f64(x) @ _f64(w).T
     if b is not None:
         y = y + _f64(b)

@@ -33,7 +33,9 @@ def no_prep(ctx: PlanContext, node: Node) -> dict:
 
 
 def _prep_linear(ctx: PlanContext, node: Node) -> dict:
-    if lowering_seqattn.rows_linear(ctx, node):  # (N, ..., in): the 2-D routes do not apply
+    # fp32 (N, ..., in): one GEMM over the rows (linear_rows). An int8 one takes the 2-D int8
+    # routes, which run its N * ... rows (routes.base.sample_rows)
+    if lowering_seqattn.rows_linear(ctx, node) and "x_scale" not in node.attrs:
         return routes.ROUTES["linear_rows"].prepare(ctx, node)
     return routes.prepare(ctx, node)
 

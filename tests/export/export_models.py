@@ -53,7 +53,7 @@ class Net:
 
     def linear(self, x: str, o: int, *, bias=True, name=None, out=None, **attrs) -> str:
         name = name or f"fc{len(self.nodes)}"
-        i = self.shape(x)[1]
+        i = self.shape(x)[-1]
         w = self.param(f"{name}.weight", self.rng.normal(0, np.sqrt(2 / i), (o, i)))
         ins = [x, w] + ([self.param(f"{name}.bias", self.rng.normal(0, 0.1, o))] if bias else [])
         return self.op("linear", *ins, name=name, out=out, **attrs)

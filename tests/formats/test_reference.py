@@ -238,6 +238,38 @@ def test_int8_linear_and_qdq():
     assert np.abs(back - x).max() <= xs / 2 + 1e-6
 
 
+@pytest.mark.parametrize("lead", [(1, 1), (3, 7), (2, 3, 2)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("act,out_int8", [("none", False), ("relu", False), ("none", True),
+                                          ("relu", True), ("clip", True)])
+def test_int8_linear_over_leading_dims(lead, bias, act, out_int8):
+    """x (N, ..., K) int8: every row of the leading dims is the 2-D int8 linear, by loops."""
+    k, o = 5, 6
+    x_q = RNG.integers(-128, 128, (*lead, k)).astype(np.int8)
+    w_q = RNG.integers(-127, 128, (o, k)).astype(np.int8)
+    b_q = RNG.integers(-2000, 2001, o).astype(np.int32) if bias else None
+    w_s = (0.01 * (0.5 + RNG.random(o))).astype(np.float32)
+    xs, xzp, ys, yzp = 0.03, 9, 0.2, -5
+    extra = {"y_scale": ys, "y_zero_point": yzp} if out_int8 else {}
+    a = _attrs("linear", ["x", "w"], ["y"], x_scale=xs, x_zero_point=xzp, activation=act,
+               **({"max": 4.0} if act == "clip" else {}), **extra)
+    got = ref.linear(a, x_q, w_q, b_q, w_scale=w_s)
+    assert got.shape == (*lead, o) and got.dtype == (np.int8 if out_int8 else np.float32)
+    m = np.float64(xs) * w_s.astype(np.float64) / (np.float64(ys) if out_int8 else 1.0)
+    for idx in np.ndindex(*lead):
+        for j in range(o):
+            acc = sum((int(x_q[idx][i]) - xzp) * int(w_q[j, i]) for i in range(k))
+            acc += int(b_q[j]) if bias else 0
+            if out_int8:
+                q = int(np.rint(acc * m[j])) + yzp
+                hi = int(np.rint(4.0 / ys)) + yzp if act == "clip" else 127
+                want = min(max(q, yzp if act != "none" else -128), hi)
+            else:
+                want = np.float32(acc * m[j])
+                want = max(want, np.float32(0)) if act == "relu" else want
+            assert got[idx][j] == want, (idx, j, got[idx][j], want)
+
+
 def test_int8_needs_weight_scale():
     a, x_q, w_q, b_q, *_ = _int8_conv_case(False, True)
     with pytest.raises(FormatError, match="scales"):

@@ -57,9 +57,14 @@ def test_shape_errors(op, shapes, attrs, dtypes, msg):
         _infer(op, shapes, attrs, dtypes)
 
 
-def test_int8_linear_stays_2d():
-    with pytest.raises(FormatError, match="2-D"):
-        _infer("linear", [(6, 5), (3, 5)], {"x_scale": 0.1, "x_zero_point": 0}, ["i8", "i8"])
+def test_int8_linear_over_leading_dims():
+    """An int8 linear takes (N, ..., in) like an fp32 one (issue 24); (N,) is no linear input."""
+    q = {"x_scale": 0.1, "x_zero_point": 0}
+    y = _infer("linear", [(6, 5), (3, 5)], {**q, "y_scale": 0.2, "y_zero_point": 1}, ["i8", "i8"])
+    assert (y.dtype, y.shape) == ("i8", ("N", 6, 3))
+    assert _infer("linear", [(2, 6, 5), (3, 5)], q, ["i8", "i8"]).shape == ("N", 2, 6, 3)
+    with pytest.raises(FormatError, match=r"\(N, \.\.\., features\)"):
+        _infer("linear", [(), (3, 5)], q, ["i8", "i8"])
 
 
 def test_embedding_reference_rejects_out_of_range():

@@ -287,7 +287,8 @@ def test_taps_route_against_the_reference_and_its_twin(n, c, o, hw, geom, pool, 
 # --------------------------------------------------------------------------- linear_sdot
 
 
-def _linear(n, k, o, to_f32=False):
+def _linear(n, k, o, to_f32=False, lead=()):
+    """An int8 linear over (N, *lead, k): lead () the 2-D one, else its n * prod(lead) rows."""
     xs = 0.05
     w_q, w_s = qm.quantize_weights(RNG.standard_normal((o, k)).astype(np.float32))
     params = {"w": w_q, "b": qm.quantize_bias(RNG.standard_normal(o).astype(np.float32), xs, w_s)}
@@ -295,13 +296,16 @@ def _linear(n, k, o, to_f32=False):
     attrs = {"x_scale": xs, "x_zero_point": -3, "activation": "relu"}
     if not to_f32:
         attrs.update(y_scale=0.09, y_zero_point=4)
-    g = Graph({"x": ValueInfo("i8", ("N", k))}, ["y"], [Node("fc", "linear", ["x", "w", "b"], ["y"], attrs)],
+    g = Graph({"x": ValueInfo("i8", ("N", *lead, k))}, ["y"],
+              [Node("fc", "linear", ["x", "w", "b"], ["y"], attrs)],
               {k_: ValueInfo({np.int8: "i8", np.int32: "i32"}[v.dtype.type], v.shape)
                for k_, v in params.items()})
-    return g, params, quant, RNG.integers(-128, 128, (n, k)).astype(np.int8)
+    return g, params, quant, RNG.integers(-128, 128, (n, *lead, k)).astype(np.int8)
 
 
-LINEAR_CASES = [(1, 64, 10, False), (3, 37, 21, False), (1, 130, 1000, True), (17, 16, 5, False)]
+LINEAR_CASES = [(1, 64, 10, False, ()), (3, 37, 21, False, ()), (1, 130, 1000, True, ()),
+                (17, 16, 5, False, ()), (1, 64, 10, False, (7,)), (3, 37, 21, True, (1,)),
+                (3, 16, 5, False, (2, 3))]
 
 
 def test_the_linear_route_limits():
@@ -314,8 +318,8 @@ def test_the_linear_route_limits():
     assert names.index("linear_sdot") < names.index("linear_int8")
 
 
-@pytest.mark.parametrize("n,k,o,to_f32", LINEAR_CASES)
-def test_linear_route_with_a_numpy_gemm(n, k, o, to_f32, monkeypatch):
+@pytest.mark.parametrize("n,k,o,to_f32,lead", LINEAR_CASES)
+def test_linear_route_with_a_numpy_gemm(n, k, o, to_f32, lead, monkeypatch):
     """linear_sdot end to end on any CPU (kernels_sdot.gemm as its NumPy twin): the packed
     weights, the rows padded to words (K % 4 != 0), the epilogue, against the reference."""
     from models import FakeContainer
@@ -323,7 +327,7 @@ def test_linear_route_with_a_numpy_gemm(n, k, o, to_f32, monkeypatch):
     from pocket.infer import plan
     from pocket.infer.engine import Engine
 
-    g, params, quant, x = _linear(n, k, o, to_f32)
+    g, params, quant, x = _linear(n, k, o, to_f32, lead)
     want = ref.run(g, params, x, quant)["y"]
     monkeypatch.setattr(plan.Cpu, "host", staticmethod(lambda: Cpu(False, False, True)))
     monkeypatch.setattr(ks, "gemm", _gemm_twin)
@@ -335,13 +339,13 @@ def test_linear_route_with_a_numpy_gemm(n, k, o, to_f32, monkeypatch):
 
 
 @needs_sdot
-@pytest.mark.parametrize("n,k,o,to_f32", LINEAR_CASES)
-def test_linear_route_against_the_reference_and_its_twin(n, k, o, to_f32, monkeypatch):
+@pytest.mark.parametrize("n,k,o,to_f32,lead", LINEAR_CASES)
+def test_linear_route_against_the_reference_and_its_twin(n, k, o, to_f32, lead, monkeypatch):
     from models import FakeContainer
 
     from pocket.infer.engine import Engine
 
-    g, params, quant, x = _linear(n, k, o, to_f32)
+    g, params, quant, x = _linear(n, k, o, to_f32, lead)
     want = ref.run(g, params, x, quant)["y"]
     got = {}
     for route in ("linear_sdot", "linear_int8"):

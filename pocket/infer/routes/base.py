@@ -9,6 +9,7 @@ with few tiles runs at its pitch, a linear with few rows as dot products along K
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -84,9 +85,17 @@ class ConvGeometry:
                 "padding": [self.ph, self.pw], "dilation": [self.dh, self.dw], "groups": self.groups}
 
 
+def sample_rows(ctx: PlanContext, node: Node) -> int:
+    """The rows one sample gives a linear: 1 for (N, in), L for (N, L, in), the product of
+    the leading dims of (N, ..., in). An int8 linear over (N, ..., in) is the 2-D one on
+    n * sample_rows rows (its input and output are contiguous in the arena)."""
+    return math.prod(ctx.sample[node.inputs[0]][:-1])
+
+
 @dataclass(frozen=True)
 class LinearGeometry:
-    """A linear node: up to `rows` rows (the plan's max_batch) of k inputs to o outputs."""
+    """A linear node: up to `rows` rows (the plan's max_batch x sample_rows) of k inputs to o
+    outputs."""
 
     rows: int
     k: int
@@ -95,7 +104,7 @@ class LinearGeometry:
     @staticmethod
     def of(ctx: PlanContext, node: Node) -> LinearGeometry:
         o, k = ctx.params[node.inputs[1]].shape
-        return LinearGeometry(ctx.max_batch, k, o)
+        return LinearGeometry(ctx.max_batch * sample_rows(ctx, node), k, o)
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pocket.infer import kernels_fma as kfma
 from pocket.infer.lowering_common import _tile_cols
+from pocket.infer.routes.base import sample_rows
 
 # The rows from which linear_fma and linear_vnni both run as tile GEMMs with the rows as the
 # columns of a packed operand (their FMA_LINEAR_ROWS and VNNI_TILE_ROWS; a test checks)
@@ -21,7 +22,9 @@ def chain_route(ctx, step: int) -> str | None:
     """'fma' or 'vnni' where linear `step` runs, from CHAIN_ROWS rows on, as a GEMM with its
     rows as the columns of a packed operand (kernels_fma on AVX-512, kernels_vnni's tiles)."""
     node, d = ctx.graph.nodes[step], ctx.prep[step]
-    if node.op != "linear" or ctx.max_batch < CHAIN_ROWS:
+    # NOTE: a linear over (N, ..., in) does not chain: the packed buffers and the CHAIN_ROWS
+    # test count batch rows
+    if node.op != "linear" or ctx.max_batch < CHAIN_ROWS or sample_rows(ctx, node) != 1:
         return None
     if d.get("route") == "linear_fma":
         return "fma"

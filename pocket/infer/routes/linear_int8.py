@@ -12,7 +12,7 @@ import numpy as np
 
 from pocket.infer import kernels_int8 as ki
 from pocket.infer.lowering_common import F32_ROUTE_ROWS, _aligned, _int8_consts
-from pocket.infer.routes.base import Route, prepared, register
+from pocket.infer.routes.base import Route, prepared, register, sample_rows
 
 
 @register
@@ -25,15 +25,17 @@ class LinearInt8(Route):
     def prepare(self, ctx, node):
         w = ctx.params[node.inputs[1]]
         o, k = w.shape
+        rows = ctx.max_batch * sample_rows(ctx, node)
         kc = -(-k // ki.EXACT_K)
         # float32 route scratch: input rows, kc partial sums (the float32 weights are prepared)
-        sizes = (0, ctx.max_batch * k * 4, kc * ctx.max_batch * o * 4)
-        scratch = sum(map(_aligned, sizes)) if ctx.max_batch >= F32_ROUTE_ROWS else 0
+        sizes = (0, rows * k * 4, kc * rows * o * 4)
+        scratch = sum(map(_aligned, sizes)) if rows >= F32_ROUTE_ROWS else 0
         return {"route": self.name, "w": w, "kc": kc, "sizes": sizes, "scratch_bytes": scratch,
                 **_int8_consts(ctx, node, w)}
 
     def bind(self, ctx, step, node, d, n, pool=None):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        n *= sample_rows(ctx, node)  # the rows of (N, ..., in): n at (N, in)
         epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
         w = d["w"]
         o, k = w.shape

@@ -21,9 +21,10 @@ SMALL_K = 4
 @register
 class LinearRows(Route):
     """A linear on (N, ..., in): its N * ... rows as one BLAS GEMM, then bias and activation.
-    lowering.py sends every linear over (N, ..., in) here (fp32 only, by the op's schema), so
-    no 2-D route needs to know about leading dims; last in the table, it never wins a 2-D
-    linear, which it runs correctly all the same (POCKET_ROUTE=linear_rows)."""
+    lowering.py sends every fp32 linear over (N, ..., in) here, so no 2-D fp32 route needs to
+    know about leading dims (the int8 routes run an int8 one's rows themselves); last in the
+    table, it never wins a 2-D linear, which it runs correctly all the same
+    (POCKET_ROUTE=linear_rows)."""
 
     name, op = "linear_rows", "linear"
 

@@ -14,7 +14,7 @@ import numpy as np
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_sdot as ks
 from pocket.infer.lowering_common import _aligned, _int8_consts
-from pocket.infer.routes.base import Route, prepared, register
+from pocket.infer.routes.base import Route, prepared, register, sample_rows
 from pocket.infer.routes.conv_sdot import _cols, sdot_limit
 
 
@@ -40,14 +40,16 @@ class LinearSdot(Route):
     def prepare(self, ctx, node):
         w = ctx.params[node.inputs[1]]
         o, k = w.shape
+        rows = ctx.max_batch * sample_rows(ctx, node)
         k4 = -(-k // 4)
         # scratch: the rows padded to whole words (K % 4 != 0 only), the sums (N, Op) i32
-        sizes = (_aligned(ctx.max_batch * 4 * k4) if k % 4 else 0, _aligned(4 * ctx.max_batch * _cols(o)))
+        sizes = (_aligned(rows * 4 * k4) if k % 4 else 0, _aligned(4 * rows * _cols(o)))
         return {"route": self.name, "w": w, "k4": k4, "sizes": sizes, "scratch_bytes": sum(sizes),
                 **_int8_consts(ctx, node, w)}
 
     def bind(self, ctx, step, node, d, n, pool=None):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        n *= sample_rows(ctx, node)  # the rows of (N, ..., in): n at (N, in)
         epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
         o, k = d["w"].shape
         k4 = d["k4"]

@@ -18,7 +18,7 @@ from pocket.infer.lowering_common import (
     _vnni_cols_bytes,
     _vnni_rows_bytes,
 )
-from pocket.infer.routes.base import Route, register
+from pocket.infer.routes.base import Route, register, sample_rows
 from pocket.infer.routes.linear_chain import chained_input, chained_output
 
 # A linear with at least this many rows packs them for the channel x pixel tiles; fewer rows
@@ -40,14 +40,16 @@ class LinearVnni(Route):
     def prepare(self, ctx, node):
         w = ctx.params[node.inputs[1]]
         o, k = w.shape
-        dot_rows = min(ctx.max_batch, VNNI_TILE_ROWS - 1) if k % 4 == 0 else ctx.max_batch
+        rows = ctx.max_batch * sample_rows(ctx, node)
+        dot_rows = min(rows, VNNI_TILE_ROWS - 1) if k % 4 == 0 else rows
         scratch = sum(_vnni_rows_bytes(dot_rows, o, k))
-        if ctx.max_batch >= VNNI_TILE_ROWS and k % 4 == 0:
-            scratch = max(scratch, sum(_vnni_cols_bytes(ctx.max_batch, o, k)))
+        if rows >= VNNI_TILE_ROWS and k % 4 == 0:
+            scratch = max(scratch, sum(_vnni_cols_bytes(rows, o, k)))
         return {"route": self.name, "w": w, "scratch_bytes": scratch, **_int8_consts(ctx, node, w)}
 
     def bind(self, ctx, step, node, d, n, pool=None):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        n *= sample_rows(ctx, node)  # the rows of (N, ..., in): n at (N, in)
         w = d["w"]
         o, k = w.shape
         epi = (d["bias_u8"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
