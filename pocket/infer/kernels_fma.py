@@ -211,12 +211,25 @@ def _vexp(builder, x):
     return builder.fmul(builder.fmul(p, _vconst(2.0)), builder.bitcast(bits, _VF))
 
 
+def _recip(builder, d):
+    """1 / d for d >= 1 (1 + exp(-v)) to within an ulp: vrcp14ps (14 bits) and one Newton step
+    by FMA, where a division (vdivps) is 10-16 cycles a vector: SiLU after a depthwise conv's
+    sums cost twice the sums. d = inf gives 0 (the step alone would make it NaN)."""
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+    rcp = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF, _VF, ir.IntType(16)]),
+                                         "llvm.x86.avx512.rcp14.ps.512")
+    y = builder.call(rcp, [d, ir.Constant(_VF, None), ir.Constant(ir.IntType(16), -1)])
+    e = builder.call(fma, [builder.fneg(d), y, _vconst(1.0)])
+    y = builder.call(fma, [y, e, y])
+    return builder.select(builder.fcmp_ordered("==", d, _vconst(np.inf)), ir.Constant(_VF, None), y)
+
+
 def _silu(builder, v):
-    return builder.fdiv(v, builder.fadd(_vconst(1.0), _vexp(builder, builder.fneg(v))))
+    return builder.fmul(v, _recip(builder, builder.fadd(_vconst(1.0), _vexp(builder, builder.fneg(v)))))
 
 
 def _sigmoid(builder, v):
-    return builder.fdiv(_vconst(1.0), builder.fadd(_vconst(1.0), _vexp(builder, builder.fneg(v))))
+    return _recip(builder, builder.fadd(_vconst(1.0), _vexp(builder, builder.fneg(v))))
 
 
 def _relu6(builder, v):

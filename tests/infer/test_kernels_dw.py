@@ -246,6 +246,56 @@ def test_dw_conv_padded_int8_exact(name, sums):
         assert np.array_equal(out, twin), parts
 
 
+# --------------------------------------------------------------------------- AVX-512 rows
+
+# the padded-plane cases, and rows of several 16-output chunks, heights that leave a partial
+# block of rows (4 a call at stride 1, 2 at stride 2), padding past the reach
+FMA_DW = PADDED + ["wide-s1-ho5", "wide-s2-ho3", "5x5-s2-wide", "3x3-s1-pad2"]
+CASES_FMA = {**CASES_PADDED, "wide-s1-ho5": (1, 3, 5, 70, (3, 3), (1, 1), (1, 1), (1, 1)),
+             "wide-s2-ho3": (2, 2, 6, 67, (3, 3), (2, 2), (1, 1), (1, 1)),
+             "5x5-s2-wide": (1, 2, 11, 81, (5, 5), (2, 2), (2, 2), (1, 1)),
+             "3x3-s1-pad2": (1, 2, 6, 19, (3, 3), (1, 1), (2, 2), (1, 1))}
+FMA_ACTS = {"none": (0, lambda y: y), "relu": (1, lambda y: np.where(y < 0, 0.0, y)),
+            "relu6": (None, lambda y: np.clip(y, 0.0, 6.0)), "silu": (None, lambda y: y / (1 + np.exp(-y))),
+            "sigmoid": (None, lambda y: 1 / (1 + np.exp(-y))), "tanh": (-1, np.tanh)}
+
+
+@pytest.mark.parametrize("name", FMA_DW)
+@pytest.mark.parametrize("act", list(FMA_ACTS))
+def test_dw_conv_fma(name, act):
+    """kernels_fma_dw (AVX-512) against the naive twin, every activation in registers (tanh:
+    the pass after), on one part and two; junk (NaN) in the scratch and the output, and inputs
+    near +-80 where SiLU and sigmoid run into exp's ends."""
+    from pocket.infer import kernels_fma as kfma
+
+    if not kfma.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512")
+    from pocket.infer import kernels_fma_dw as kfd
+
+    case = CASES_FMA[name]
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
+    assert kfd.fast(*k, *s, *d)
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    x[0, 0, 0, : min(3, wd)] = [80.0, -80.0, 30.0][: min(3, wd)]
+    w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    mode, f = FMA_ACTS[act]
+    mode = {"relu6": kfma.MODE_RELU6, "silu": kfma.MODE_SILU, "sigmoid": kfma.MODE_SIGMOID}.get(act, mode)
+    code = kf.ACT["clip"] if act == "relu6" else kf.ACT[act]
+    y = naive_dw(x, w, s, p, d, 0.0) + b.reshape(1, -1, 1, 1)
+    with np.errstate(over="ignore"):
+        twin = f(y)
+    # the activations grow an error by at most their slope (<= 1 here) and a few ulp
+    bound = _f32_bound(x, w, b, s, p, d) + 4 * np.spacing(np.abs(twin).astype(np.float32))
+    for parts, fn in ((1, kfd.dw_conv_fma.serial), (2, kfd.dw_conv_fma)):
+        scratch = np.full((parts, kfd.scratch_size(wd, wo)), np.nan, np.float32)
+        out = np.full((n, c, ho, wo), np.nan, np.float32)
+        fn(out, x, w, b, scratch, s[0], *p, mode, code, 6.0)
+        assert np.all(np.abs(out - twin) <= bound), parts
+    fn(out, x, w, np.zeros(0, np.float32), scratch, s[0], *p, 0, 0, 0.0)  # no bias
+    assert np.all(np.abs(out - naive_dw(x, w, s, p, d, 0.0)) <= _f32_bound(x, w, 0 * b, s, p, d))
+
+
 # --------------------------------------------------------------------------- engine
 
 
@@ -284,7 +334,10 @@ def test_engine_mobilenet_block(tmp_path, stride, int8, n, threads):
         eng._arena.fill(255)  # NaN as float32: a read of memory no call wrote shows
         got = eng.run(x, copy=True)
         table = {r["node"]: r["route"] for r in eng.routes()}
-    assert table["conv2d1"] == ("conv_depthwise_int8" if int8 else "conv_depthwise")
+    from pocket.infer import kernels_fma
+
+    fp32 = "conv_fma_depthwise" if kernels_fma.AVAILABLE else "conv_depthwise"
+    assert table["conv2d1"] == ("conv_depthwise_int8" if int8 else fp32)
     with read_container(path) as c:
         want = ref.run_container(c, x)[c.graph.outputs[0]]
     if int8:

@@ -32,7 +32,7 @@ CASES = {
     "direct": ((4, 7, 6), 2, lambda b: _conv_relu(b, 4, 8, groups=4),
                {"fma": "conv2d_direct", "blas": "conv2d_direct"}, False),
     "depthwise": ((4, 7, 6), 2, lambda b: _conv_relu(b, 4, 4, groups=4),
-                  {"fma": "dw_conv_padded", "blas": "dw_conv_padded"}, False),
+                  {"fma": "dw_conv_fma", "blas": "dw_conv_padded"}, False),
     "pointwise": ((5, 4, 6), 2, lambda b: _conv_relu(b, 5, 7, k=1), {"fma": "gemm", "blas": "bias_act"},
                   False),
     "grouped": ((4, 6, 6), 2, lambda b: _conv_relu(b, 4, 6, groups=2),

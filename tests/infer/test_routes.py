@@ -167,7 +167,7 @@ def test_forced_routes_that_cannot_run(monkeypatch):
     with pytest.raises(EngineError, match=r"node 'conv'.*conv_int8_im2row: int8 only"):
         Engine(FakeContainer(g, params))
     monkeypatch.setenv("POCKET_ROUTE", "conv_gemm,conv_nope")
-    with pytest.raises(EngineError, match=r"unknown route\(s\) conv_nope; the routes are conv_depthwise"):
+    with pytest.raises(EngineError, match=r"unknown route\(s\) conv_nope; the routes are conv_fma_depthwise"):
         Engine(FakeContainer(g, params))
     # a name for another op leaves this one to the table; the first eligible name wins
     for env, want in (("linear_blas", "conv_"), ("conv_gemm_pitch,conv_im2col", "conv_im2col")):

@@ -1,0 +1,190 @@
+"""float32 depthwise conv on x86 with AVX-512: kernels_dw.dw_conv_padded's padded planes and flat
+outputs, with its flat loop written as 16-lane FMAs in LLVM IR and the bias and activation
+applied to the sums in registers.
+
+kernels_dw's flat loop is plain Numba, which LLVM vectorizes at 8 lanes on these CPUs (its cost
+model prefers 256-bit vectors) and, with a chain of kh*kw dependent multiply-adds a lane, kept
+the FMA units waiting: 9-10 GMAC/s on EfficientNet-B0's and MobileNetV2's layers, and the SiLU
+after it (a second pass over the flat outputs) cost as much as the sums. Here a block of
+BLOCK_V vectors (64 outputs) keeps its sums in four registers, each tap's weight broadcast once
+for all four, and the activation (ReLU, relu6, SiLU, sigmoid: kernels_fma's, within a few ulp of
+the float64 formula) runs on the sums before the one store.
+
+The layouts, the padding copy and the copy-out of each row's valid columns are kernels_dw's
+(`_layout`, `_pad_plane`); only the geometries of kernels_dw.padded_fast come here. The sums
+are one FMA chain a lane in tap order, bias first, like kernels_dw's (equal up to the FMA's
+single rounding). ARM and older x86 keep kernels_dw (the engine uses this module only when
+kernels_fma.AVAILABLE).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from pocket.infer import kernels_fma as kfma
+from pocket.infer.jit import kernel
+from pocket.infer.kernels_dw import _parts
+from pocket.infer.kernels_fp32 import act_inplace
+from pocket.infer.kernels_vnni import _const, _lanes_below, _loop, _masked_io, _ptr, _splat
+
+_F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+_VF, _VI = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
+
+
+# Output rows a call: R, computed together, each input row loaded once for all of them; each
+# output's sum in two chains (its even and odd tap columns), so 2R chains of FMAs are in flight
+# (4-cycle latency, two units: one pair of chains of 25 taps left a 5x5 layer on 7x7 maps
+# waiting on them, 2x slower than kernels_dw's flat loop)
+R_S1, R_S2 = 4, 2
+
+
+def _make_rows(k: int, s: int):
+    """R output rows of one plane (R_S1 at stride 1, R_S2 at stride 2) straight from the input
+    rows, no padded copy.
+
+    Arguments: o (the address of R output row addresses: a row past the last is a junk row),
+    r (the address of (R - 1) * s + k input row addresses: a row outside the image is a row of
+    zeros), w (the channel's k*k taps), wd (input width), wo (output width), pw (left
+    padding), bias (f32), mode (kernels_fma's tile modes). Chunks of 16 outputs along the
+    rows; every load is masked to the lanes inside [0, wd) (the padding columns read as
+    zeros, nothing outside the row is touched) and every store to those inside [0, wo).
+    Stride 2 loads 32 consecutive inputs and takes their even or odd lanes (two taps from one
+    pair of loads)."""
+    nr = R_S1 if s == 1 else R_S2
+    rows = (nr - 1) * s + k
+    even = ir.Constant(_VI, list(range(0, 32, 2)))
+    odd = ir.Constant(_VI, list(range(1, 32, 2)))
+
+    def codegen(context, builder, signature, args):
+        o, r, w, wd, wo, pw, bias, mode = args
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
+                                             "llvm.fma.v16f32")
+        ld, st = _masked_io(builder, _VF, 4)
+        xr = [builder.load(_ptr(builder, builder.add(r, _const(8 * i)), _I64), align=8) for i in range(rows)]
+        orow = [builder.load(_ptr(builder, builder.add(o, _const(8 * i)), _I64), align=8) for i in range(nr)]
+        wv = [[_splat(builder, builder.load(_ptr(builder, builder.add(w, _const(4 * (i * k + j))), _F32),
+                                            align=4), _VF) for j in range(k)] for i in range(k)]
+        bv = _splat(builder, bias, _VF)
+        lanes = ir.Constant(_VI, list(range(16)))
+        wd32 = _splat(builder, builder.trunc(wd, _I32), _VI)
+
+        def inside(first):  # lanes l with 0 <= first + l < wd (first an i64)
+            at = builder.add(lanes, _splat(builder, builder.trunc(first, _I32), _VI))
+            return builder.and_(builder.icmp_signed(">=", at, ir.Constant(_VI, None)),
+                                builder.icmp_signed("<", at, wd32))
+
+        def step(chunk, carried):
+            ow0 = builder.mul(chunk, _const(16))
+            acc = [[bv, ir.Constant(_VF, None)] for _ in range(nr)]
+
+            def tap(q, t, j, v):  # output row q, tap (t, j), inputs v
+                acc[q][j & 1] = builder.call(fma, [wv[t][j], v, acc[q][j & 1]])
+
+            if s == 1:
+                for j in range(k):
+                    first = builder.sub(builder.add(ow0, _const(j)), pw)
+                    m = inside(first)
+                    for i in range(rows):
+                        v = ld(builder.add(xr[i], builder.mul(first, _const(4))), m)
+                        for q in range(max(0, i - k + 1), min(nr, i + 1)):
+                            tap(q, i - q, j, v)
+            else:
+                for j in range(0, k, 2):
+                    first = builder.sub(builder.add(builder.mul(ow0, _const(2)), _const(j)), pw)
+                    m_a, m_b = inside(first), inside(builder.add(first, _const(16)))
+                    for i in range(rows):
+                        a = builder.add(xr[i], builder.mul(first, _const(4)))
+                        va, vb = ld(a, m_a), ld(builder.add(a, _const(64)), m_b)
+                        ve = builder.shuffle_vector(va, vb, even)
+                        vo = builder.shuffle_vector(va, vb, odd) if j + 1 < k else None
+                        for q in range(nr):
+                            if 0 <= i - 2 * q < k:
+                                tap(q, i - 2 * q, j, ve)
+                                if vo is not None:
+                                    tap(q, i - 2 * q, j + 1, vo)
+            sums = [builder.fadd(a, b) for a, b in acc]
+            out = _lanes_below(builder, builder.sub(wo, ow0))
+
+            def store(act):
+                for q in range(nr):
+                    st(act(builder, sums[q]), builder.add(orow[q], builder.mul(ow0, _const(4))), out)
+
+            kfma._by_mode(builder, mode, store)
+            return []
+
+        _loop(builder, builder.sdiv(builder.add(wo, _const(15)), _const(16)), [], step)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def row(typingctx, o, r, w, wd, wo, pw, bias, mode):
+        return types.void(*[types.intp] * 6, types.float32, types.intp), codegen
+
+    return row
+
+
+_R31, _R32, _R51, _R52 = _make_rows(3, 1), _make_rows(3, 2), _make_rows(5, 1), _make_rows(5, 2)
+
+
+def fast(kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> bool:
+    """Whether dw_conv_fma takes this geometry: kernels_dw.padded_fast's (3x3 and 5x5, stride 1
+    or 2 both ways, dilation 1)."""
+    return (kh, kw) in ((3, 3), (5, 5)) and sh == sw and sh in (1, 2) and dh == dw == 1
+
+
+def scratch_size(wd: int, wo: int) -> int:
+    """Elements of one part's scratch row: a row of zeros (the rows outside the image) and one
+    of junk (a stride-1 pair's second row past the last)."""
+    return -(-(wd + wo) // 16) * 16 + 16
+
+
+@kernel
+def dw_conv_fma(out, x, w, b, scratch, sh, ph, pw, mode, act, alpha):
+    """Depthwise conv (weight (C, 1, k, k), k 3 or 5, stride sh both ways, padding (ph, pw))
+    x (N, C, H, W) f32 -> out (N, C, Ho, Wo) f32, bias b (C,) or empty, then the activation:
+    in registers where mode >= 0 (kernels_fma's tile modes), else kernels_fp32's code `act`
+    (alpha) in one pass over each plane. scratch (parts, scratch_size) f32, any contents: one
+    row a part, a thread's share of the N*C planes."""
+    parts = scratch.shape[0]
+    for part in prange(parts):
+        lo, hi = _parts(x.shape[0] * x.shape[1], parts, part)
+        _part(out, x, w, b, scratch[part], lo, hi, sh, ph, pw, mode, act, alpha)
+
+
+@njit(cache=True)
+def _part(out, x, w, b, scratch, lo, hi, sh, ph, pw, mode, act, alpha):
+    n, c, h, wd = x.shape
+    k = w.shape[2]
+    ho, wo = out.shape[2], out.shape[3]
+    has_bias = b.shape[0] > 0
+    scratch[:wd] = 0.0
+    za, junk = np.int64(scratch.ctypes.data), np.int64(scratch.ctypes.data) + (-(-wd // 16) * 16) * 4
+    xa, oa, wa = np.int64(x.ctypes.data), np.int64(out.ctypes.data), np.int64(w.ctypes.data)
+    nr = R_S1 if sh == 1 else R_S2
+    rows, orows = np.empty((nr - 1) * sh + k, np.int64), np.empty(nr, np.int64)
+    ra, oa_rows = np.int64(rows.ctypes.data), np.int64(orows.ctypes.data)
+    reg = max(mode, 0)
+    for nc in range(lo, hi):
+        bo = b[nc % c] if has_bias else np.float32(0.0)
+        wb = wa + (nc % c) * k * k * 4
+        xp, op = xa + nc * h * wd * 4, oa + nc * ho * wo * 4
+        for oh in range(0, ho, nr):
+            top = oh * sh - ph
+            for i in range(rows.shape[0]):
+                ih = top + i
+                rows[i] = xp + ih * wd * 4 if 0 <= ih < h else za
+            for q in range(nr):
+                orows[q] = op + (oh + q) * wo * 4 if oh + q < ho else junk
+            if k == 3 and sh == 1:
+                _R31(oa_rows, ra, wb, wd, wo, pw, bo, reg)
+            elif k == 3:
+                _R32(oa_rows, ra, wb, wd, wo, pw, bo, reg)
+            elif sh == 1:
+                _R51(oa_rows, ra, wb, wd, wo, pw, bo, reg)
+            else:
+                _R52(oa_rows, ra, wb, wd, wo, pw, bo, reg)
+        if mode < 0 and act != 0:
+            act_inplace(out.reshape(-1), nc * ho * wo, ho * wo, np.float32(0.0), act, alpha)
