@@ -64,7 +64,7 @@ _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VF, _VI = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
 
 
-def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False):
+def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False, partial: bool = False):
     """c[r, 0:16nv] (+)= sum over k < nk of w[r, k] * x[offs[k] : offs[k] + 16nv] for r < rows
     (1..nr).
 
@@ -73,24 +73,34 @@ def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False):
     bias != 0 (the address of row 0's bias) c gets the sums + bias, then a ReLU if relu != 0.
     masked (nv = 1): a 12th argument cnt (1..16) is the tile's pixels; the lanes past it are
     neither read (x, c) nor written (a GEMM's last pixels, when m is not a multiple of 16).
+    partial (nv = 4): a 12th argument cnt (33..64) is the tile's pixels; the lanes of vectors 2
+    and 3 past it are neither read nor written (a GEMM's last 49-63 pixels in one wide tile,
+    where a tile, a half tile and a masked one each broadcast every weight again: a 7x7 map's
+    1x1 convs, 192 x 1152 @ 1152 x 49, ran 0.70x of that on one thread).
     """
 
     def codegen(context, builder, signature, args):
         w, ldw, x, offs, nk, c, ldc, acc, rows, bias, relu = args[:11]
-        if masked:
-            lanes = _lanes_below(builder, args[11])
+        if masked or partial:
             ld, st = _masked_io(builder, _VF, 4)
+            first = 0 if masked else 2
+            lanes = [_lanes_below(builder, builder.sub(args[11], _const(16 * v))) for v in range(nv)]
 
-            def load(addr):
-                return ld(addr, lanes)
+            def load(addr, v=0):
+                if v < first:
+                    return builder.load(_ptr(builder, addr, _VF), align=4)
+                return ld(addr, lanes[v])
 
-            def store(val, addr):
-                st(val, addr, lanes)
+            def store(val, addr, v=0):
+                if v < first:
+                    builder.store(val, _ptr(builder, addr, _VF), align=4)
+                else:
+                    st(val, addr, lanes[v])
         else:
-            def load(addr):
+            def load(addr, v=0):
                 return builder.load(_ptr(builder, addr, _VF), align=4)
 
-            def store(val, addr):
+            def store(val, addr, v=0):
                 builder.store(val, _ptr(builder, addr, _VF), align=4)
 
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
@@ -98,14 +108,15 @@ def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False):
         start = builder.icmp_signed("!=", acc, _const(0))
         c_at = [[builder.add(_row_at(builder, c, r, rows, ldc), _const(64 * v)) for v in range(nv)]
                 for r in range(nr)]
-        init = [builder.select(start, load(a), ir.Constant(_VF, None)) for row in c_at for a in row]
+        init = [builder.select(start, load(a, v), ir.Constant(_VF, None))
+                for row in c_at for v, a in enumerate(row)]
         w_at = [_row_at(builder, w, r, rows, ldw) for r in range(nr)]
 
         def step(i, accs):
             off = builder.load(_ptr(builder, builder.add(offs, builder.mul(i, _const(8))), _I64),
                                align=8)
             xa = builder.add(x, off)
-            xs = [load(builder.add(xa, _const(64 * v))) for v in range(nv)]
+            xs = [load(builder.add(xa, _const(64 * v)), v) for v in range(nv)]
             k4 = builder.mul(i, _const(4))
             out = []
             for r in range(nr):
@@ -125,7 +136,7 @@ def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False):
                         val = final[r * nv + v]
                         if act is not None:
                             val = act(builder, builder.fadd(val, _splat(builder, bo, _VF)))
-                        store(val, c_at[r][v])
+                        store(val, c_at[r][v], v)
 
         with builder.if_else(builder.icmp_signed("!=", bias, _const(0))) as (then, otherwise):
             with then:
@@ -134,7 +145,7 @@ def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False):
                 store_all(None)
         return context.get_dummy_value()
 
-    if masked:
+    if masked or partial:
         @intrinsic
         def tile_masked(typingctx, w, ldw, x, offs, nk, c, ldc, acc, rows, bias, relu, cnt):
             return types.void(*[types.intp] * 12), codegen
@@ -154,6 +165,7 @@ _wide = _make_tile(4, WIDE_O)  # 64 pixels (two tiles)
 # A GEMM's last wide tile, when it has at most 4 or 2 channels: it would compute 6 either way
 # (mlp's 256 channels are 42 tiles and 4; a 10-class linear 6 and 4)
 _wide4, _wide2 = _make_tile(4, 4), _make_tile(4, 2)
+_wide_part = _make_tile(4, WIDE_O, partial=True)  # a GEMM's last 33..63 pixels
 
 
 def _shuffle(builder, a, b, idx):
@@ -439,7 +451,7 @@ def _tile_rows(m, gp, o, aligned):
     threads; cnn_mnist's second conv (64 channels, its rows at the unaligned shifts of a
     pitch) 51 -> 54 us, when its last tile computed 6 channels for 4."""
     waste = (-o) % WIDE_O
-    if gp >= 2 and m >= 2 * TILE_P and (waste * 64 <= o or (aligned and waste % 2 * 16 <= o)):
+    if gp >= 2 and m > TILE_P + HALF_P and (waste * 64 <= o or (aligned and waste % 2 * 16 <= o)):
         return WIDE_O
     return TILE_O
 
@@ -538,6 +550,10 @@ def _gemm_block(wk, ldw, xb, ok, nk, cb, ldc, k0, last, o_lo, o_hi, tr, p0, p1, 
                     _wide4(*args)
                 else:
                     _wide(*args)
+                pt += 2
+                continue
+            if tr == WIDE_O and pt + 1 < p1 and m - pt * TILE_P > TILE_P + HALF_P:  # the last 49..63
+                _wide_part(*args, m - pt * TILE_P)
                 pt += 2
                 continue
             if (pt + 1) * TILE_P <= m:
