@@ -86,10 +86,12 @@ TILE_ACTS = {0: lambda v: v, 2: lambda v: np.maximum(v, 0), 3: lambda v: v / (1 
 @pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize("epi", sorted(TILE_ACTS))
 @pytest.mark.parametrize("nb,o,k,m", [(1, 8, 5, 1), (2, 13, 7, 9), (1, 6, 3, 17), (3, 64, 16, 49),
-                                      (1, 24, 300, 31), (2, 100, 40, 169), (1, 16, 64, 3025)])
+                                      (1, 24, 300, 31), (2, 100, 40, 169), (1, 16, 64, 3025),
+                                      (1, 48, 20, 49), (2, 30, 33, 63), (1, 12, 300, 113)])
 def test_gemm_masked_tail(nb, o, k, m, epi, serial):
     """m not a multiple of 16 (a 1x1 conv's H*W, routes.conv_fma_1x1): the last m % 16 pixels
-    run masked. X ends on a guard page (a read past it faults) and C is followed by NaN
+    run masked (the last 49-63 in one wide tile where the channels take wide tiles: 48, 30
+    and 12 of them). X ends on a guard page (a read past it faults) and C is followed by NaN
     sentinels (a write past it shows); every output, the tail's too, is the GEMM's, through
     the tiles' activations (SiLU and sigmoid on the float32 exp polynomial); a NaN input
     pixel gives NaN outputs in its column whatever the activation."""
