@@ -102,6 +102,15 @@ def _register_epi(b: np.ndarray, act: int) -> int | None:
     return 0 if act == 0 else None
 
 
+def register_epi(act: int, alpha: float) -> int | None:
+    """kernels_fma.gemm's epi (bias, then the tiles' activation) for ACT code act, or None."""
+    if act == kf.ACT["clip"]:
+        return 1 + kfma.MODE_RELU6 if alpha == 6.0 else None
+    modes = {kf.ACT["none"]: 0, kf.ACT["relu"]: 1, kf.ACT["silu"]: kfma.MODE_SILU,
+             kf.ACT["sigmoid"]: kfma.MODE_SIGMOID}
+    return 1 + modes[act] if act in modes else None
+
+
 def _im2col(col, xs, geom, pad, rb: int, cb: int) -> partial:
     """The im2col call for images xs: im2col_same where the conv keeps the map's size at
     stride 1 (its mask made here, once a bind; kernels_fma's on float32 images where it is

@@ -452,22 +452,26 @@ def test_serial_and_parallel_plans_agree(work, n, int8, monkeypatch, int8_route)
 
 
 @pytest.mark.parametrize("act,bias", [("relu", True), ("none", True), ("none", False), ("relu", False),
-                                      ("gelu", True)])
+                                      ("silu", True), ("gelu", True)])
+@pytest.mark.parametrize("hw,stride", [(4, 1), (9, 2)])
 @pytest.mark.parametrize("n", [1, 2])
-def test_conv2d_cols_writes_output(act, bias, n, fp32_route):
-    """An im2col conv of one image whose pixels fill whole GEMM tiles (4x4 map) takes the
-    GEMM's bias and ReLU and writes the output itself (no epilogue call) on AVX-512; other
-    batches, activations, and ReLU without a bias keep the epilogue."""
+def test_conv2d_cols_writes_output(act, bias, hw, stride, n, fp32_route):
+    """An im2col conv of one image takes the GEMM's bias and activation in registers (ReLU,
+    SiLU; zeros for a missing bias) and writes the output itself (no epilogue call) on AVX-512,
+    also where its pixels do not fill whole GEMM tiles (stride 2 to 5x5: the last 9 masked); other batches
+    and activations keep the epilogue."""
     c, o = 16, 41  # enough channels for im2col over the pitch's junk columns
     params = _conv_params(c, o, 3, 3, 1, bias=bias)
-    x = RNG.standard_normal((n, c, 4, 4)).astype(np.float32)
+    x = RNG.standard_normal((n, c, hw, hw)).astype(np.float32)
     node = Node("conv", "conv2d", ["x", "w", "b"] if bias else ["x", "w"], ["y"],
-                {"padding": [1, 1], "activation": act})
-    with Engine(FakeContainer(Graph({"x": ValueInfo("f32", ("N", c, 4, 4))}, ["y"], [node],
+                {"padding": [1, 1], "stride": [stride, stride], "activation": act})
+    with Engine(FakeContainer(Graph({"x": ValueInfo("f32", ("N", c, hw, hw))}, ["y"], [node],
                                     {k: _info(v) for k, v in params.items()}), params), threads=1) as eng:
         eng.run(x)
         funcs = [getattr(getattr(f, "func", f), "__name__", "") for f in eng._bound[n].calls]
-    direct = fp32_route == "fma" and n == 1 and act in ("relu", "none") and (bias or act == "none")
+        if fp32_route == "fma":
+            assert [r["route"] for r in eng.routes()] == ["conv_fma_cols"]
+    direct = fp32_route == "fma" and n == 1 and act != "gelu"
     assert (not any(f.startswith("bias_act") for f in funcs)) == direct, funcs
     got, want = run_both(x, [node], params)
     assert_close(got, want, scale=3 * np.sqrt(9 * c))

@@ -19,19 +19,10 @@ import numpy as np
 
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
-from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _register_epi
+from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _register_epi, register_epi
 from pocket.infer.routes.base import Route, conv_prep, register
 from pocket.infer.routes.conv_fma_cols import fma_limits
 from pocket.infer.routes.linear_fma import FMA_LINEAR_ROWS
-
-
-def register_epi(act: int, alpha: float) -> int | None:
-    """kernels_fma.gemm's epi (bias, then the tiles' activation) for ACT code act, or None."""
-    if act == kf.ACT["clip"]:
-        return 1 + kfma.MODE_RELU6 if alpha == 6.0 else None
-    modes = {kf.ACT["none"]: 0, kf.ACT["relu"]: 1, kf.ACT["silu"]: kfma.MODE_SILU,
-             kf.ACT["sigmoid"]: kfma.MODE_SIGMOID}
-    return 1 + modes[act] if act in modes else None
 
 
 @register

@@ -1,6 +1,6 @@
 """fp32 conv (groups 1) on kernels_fma (AVX-512): im2col columns of a chunk of images, one
-kernels_fma GEMM, one epilogue pass; one image whose pixels fill whole tiles has the GEMM write
-its NCHW output with the bias and ReLU (no epilogue)."""
+kernels_fma GEMM, one epilogue pass; one image has the GEMM write its NCHW output with the bias
+and the activation in registers where they can (no epilogue)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import lowering_common as lc
-from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned, _im2col, _register_epi
+from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned, _im2col, register_epi
 from pocket.infer.routes.base import Route, conv_prep, register
 
 # On two or more threads an im2col conv with this many columns a chunk (batch 1 on 6x6 to
@@ -44,6 +44,8 @@ class ConvFmaCols(Route):
         d = conv_prep(ctx, node, self.name)
         o, k, p = d["o"], d["k"], d["p"]
         d["w2"] = d["w"].reshape(o, k)
+        # the register epilogue adds a bias: zeros where the conv has none
+        d["b_reg"] = d["b"] if d["b"].size else np.zeros(o, np.float32)
         d["chunk"] = max(1, min(ctx.max_batch, lc.FMA_SCRATCH_BYTES // ((k + o) * p * 4)))
         cols = kfma.tile_cols(d["chunk"] * p)
         # (two results while the GEMM runs over the halves of K)
@@ -74,12 +76,14 @@ class ConvFmaCols(Route):
             if cols > m * p:
                 calls.append(partial(col[:, m * p:].fill, 0))
             calls.append(_im2col(col, xs, geom, np.float32(0), 0, p))
-            # one image whose pixels fill whole tiles: the GEMM's (O, P) is its NCHW output,
-            # so the GEMM writes it with the bias and ReLU (no epilogue pass)
-            epi = _register_epi(d["b"], act)
-            if m == 1 and cols == p and halves == 1 and pool is None and epi is not None:
-                calls.append(partial(kfma.gemm, ys[0], d["w2"], col, kfma.row_offsets(k, cols), 1, o, cols,
-                                     0, 0, k, 0, cols, d["b"], epi))
+            # one image: the GEMM's (O, P) is its NCHW output, so the GEMM writes it with the
+            # bias and the activation in registers (conv_fma_1x1's: ReLU, relu6, SiLU, sigmoid;
+            # the last P % 16 pixels masked), no epilogue pass (EfficientNet-B0's stem: a
+            # SiLU pass over 32 x 112 x 112)
+            epi = register_epi(act, alpha)
+            if m == 1 and halves == 1 and pool is None and epi is not None:
+                calls.append(partial(kfma.gemm, ys[0], d["w2"], col, kfma.row_offsets(k, cols), 1, o, p,
+                                     0, 0, k, 0, p, d["b_reg"], epi))
                 continue
             calls.append(partial(kfma.gemm, yw, d["w2"], col, kfma.row_offsets(kpart, cols), halves, o, cols,
                                  kpart * cols, kpart, k, o * cols, cols, _EMPTY_F32, 0))

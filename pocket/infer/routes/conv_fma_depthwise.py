@@ -17,10 +17,9 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_fma_dw as kfd
-from pocket.infer.lowering_common import _act_alpha, _act_code
+from pocket.infer.lowering_common import _act_alpha, _act_code, register_epi
 from pocket.infer.routes.base import Route, conv_prep, register
 from pocket.infer.routes.conv_depthwise import depthwise_limit
-from pocket.infer.routes.conv_fma_1x1 import register_epi
 
 
 @register
