@@ -16,6 +16,7 @@ import numpy as np
 
 from pocket.formats import ops
 from pocket.formats.ir import Node
+from pocket.infer import kernels_fma_pool as kfp
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_pool as kp
@@ -74,9 +75,12 @@ def _b_maxpool2d(ctx, step, node, n):
     parts = min(rows, ctx.threads, planes)
     if not ctx.parallel(planes * x.shape[2] * x.shape[3] * node.attrs["kernel"][0]):
         parts = 1
+    geom = _pool_geom(node.attrs)
+    if ctx.cpu.fma and x.dtype == np.float32 and kfp.fast(geom[1], geom[3]):
+        return [partial(kfp.maxpool_fma, y, x, parts, *geom)]
     buf = ctx.scratch(step, x.dtype, (parts, width))
     lowest = x.dtype.type(np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf)
-    return [partial(kp.maxpool_sep, y, x, buf, *_pool_geom(node.attrs), lowest)]
+    return [partial(kp.maxpool_sep, y, x, buf, *geom, lowest)]
 
 
 def _b_avgpool2d(ctx, step, node, n):

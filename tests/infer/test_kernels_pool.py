@@ -1,4 +1,5 @@
-"""kernels_pool.maxpool_sep against a naive NumPy twin and formats/reference.py."""
+"""kernels_pool.maxpool_sep and kernels_fma_pool.maxpool_fma (AVX-512) against a naive NumPy twin
+and formats/reference.py."""
 
 from __future__ import annotations
 
@@ -59,6 +60,40 @@ def test_maxpool_sep_matches_naive(geom, dtype, shape):
         out = np.full(want.shape, 3, dtype)
         kernel(out, x, rows, *geom, lowest)
         np.testing.assert_array_equal(out, want, err_msg=f"{parts} parts")
+
+
+# maxpool_fma's geometries (kw, sw in kernels_fma_pool.FAST), rows of several 16-lane chunks,
+# odd sizes (a stride-2 window's last column reaching the buffer's end) and padding
+FMA_GEOMS = [(3, 3, 2, 2, 1, 1), (3, 3, 2, 2, 0, 0), (2, 2, 2, 2, 0, 0), (3, 3, 1, 1, 1, 1),
+             (2, 3, 1, 2, 0, 1), (1, 2, 1, 2, 0, 0), (3, 3, 2, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("geom", FMA_GEOMS, ids=lambda g: "k{}x{}s{}{}p{}{}".format(*g))
+@pytest.mark.parametrize("shape", [(2, 3, 7, 9), (1, 2, 5, 4), (1, 3, 27, 27), (2, 2, 13, 70),
+                                   (1, 1, 9, 33)])
+def test_maxpool_fma_matches_naive(geom, shape):
+    from pocket.infer import kernels_fma as kfma
+
+    if not kfma.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512")
+    from pocket.infer import kernels_fma_pool as kfp
+
+    kh, kw, sh, sw, ph, pw = geom
+    assert kfp.fast(kw, sw)
+    if shape[2] + 2 * ph < kh or shape[3] + 2 * pw < kw:
+        pytest.skip("window larger than the padded map")
+    x = _input(np.float32, shape)
+    want = naive_maxpool(x, *geom)
+    np.testing.assert_array_equal(want, ref.maxpool2d({"kernel": [kh, kw], "stride": [sh, sw],
+                                                       "padding": [ph, pw]}, x))
+    planes = shape[0] * shape[1]
+    for parts, kernel in ((1, kfp.maxpool_fma.serial), (2, kfp.maxpool_fma),
+                          (planes, kfp.maxpool_fma.serial)):
+        flat = np.full(want.size + 32, 3, np.float32)  # a write past the output shows
+        out = flat[:want.size].reshape(want.shape)
+        kernel(out, x, parts, *geom)
+        np.testing.assert_array_equal(out, want, err_msg=f"{parts} parts")
+        assert (flat[want.size:] == 3).all()
 
 
 def test_row_width_covers_every_window():

@@ -86,7 +86,8 @@ NATIVE_ROUTES["i8"] = PORTABLE_ROUTES["i8"] | {"conv_vnni", "conv_vnni_quad", "l
 # ARM dotprod (the Pi 5): the int8 sdot routes ahead of the portable ones
 SDOT_ROUTES = PORTABLE_ROUTES["i8"] | {"conv_sdot", "conv_sdot_taps", "linear_sdot"}
 KERNELS = {"f32": {"maxpool_sep", "avgpool2d", "global_avgpool", "bias_act_pool"}, "i8": {"maxpool_sep"}}
-NATIVE_KERNELS = {"f32": {"gemm_pool2_pitch", "gemm_pool2_padded", "gemm_rows", "bias_act_sum"},
+NATIVE_KERNELS = {"f32": {"gemm_pool2_pitch", "gemm_pool2_padded", "gemm_rows", "bias_act_sum",
+                          "maxpool_fma"},
                   "i8": {"requant_cols_pool", "requant_cols_pack", "pack_quad_cols", "gemm_quad"}}
 
 
