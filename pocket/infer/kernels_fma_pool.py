@@ -37,7 +37,7 @@ def fast(kw: int, sw: int) -> bool:
     return (kw, sw) in FAST
 
 
-def _make_planes(kw: int, sw: int):
+def _make_planes(kw: int, sw: int, kh_fixed: int = 0):
     """Planes [first, last) of x (planes h x w at byte address x) pooled into out (ho x wo
     planes), addresses in bytes. Each output row keeps its window's row maxima in registers:
     R(k), lanes l, is the max over the window's rows (those inside the plane) of input column
@@ -86,6 +86,12 @@ def _make_planes(kw: int, sw: int):
                                           builder.icmp_signed("<", at, w32))
                     a0 = builder.add(row0, builder.mul(col, _const(4)))
                     acc = ld(a0, inside, _LOW)
+                    if kh_fixed:  # the window's rows unrolled, clamped inside (a repeat changes no max)
+                        last = builder.sub(builder.sub(r1, r0), _const(1))
+                        for j in range(1, kh_fixed):
+                            a = builder.add(a0, builder.mul(smin(_const(j), last), pitch))
+                            acc = kfma._vmax(builder, acc, ld(a, inside, _LOW))
+                        return acc
 
                     def more(j, carried):
                         a = builder.add(a0, builder.mul(builder.add(j, _const(1)), pitch))
@@ -134,6 +140,8 @@ def _make_planes(kw: int, sw: int):
 
 
 _P22, _P32, _P31 = _make_planes(2, 2), _make_planes(3, 2), _make_planes(3, 1)
+# the square windows, their rows unrolled
+_Q22, _Q32, _Q31 = _make_planes(2, 2, 2), _make_planes(3, 2, 3), _make_planes(3, 1, 3)
 
 
 @kernel
@@ -147,8 +155,16 @@ def maxpool_fma(out, x, parts, kh, kw, sh, sw, ph, pw):
     for part in prange(parts):
         first, last = part * planes // parts, (part + 1) * planes // parts
         if kw == 2:
-            _P22(oa, xa, first, last, h, w, ho, wo, kh, sh, ph, pw)
+            if kh == 2:
+                _Q22(oa, xa, first, last, h, w, ho, wo, kh, sh, ph, pw)
+            else:
+                _P22(oa, xa, first, last, h, w, ho, wo, kh, sh, ph, pw)
         elif sw == 2:
-            _P32(oa, xa, first, last, h, w, ho, wo, kh, sh, ph, pw)
+            if kh == 3:
+                _Q32(oa, xa, first, last, h, w, ho, wo, kh, sh, ph, pw)
+            else:
+                _P32(oa, xa, first, last, h, w, ho, wo, kh, sh, ph, pw)
+        elif kh == 3:
+            _Q31(oa, xa, first, last, h, w, ho, wo, kh, sh, ph, pw)
         else:
             _P31(oa, xa, first, last, h, w, ho, wo, kh, sh, ph, pw)
