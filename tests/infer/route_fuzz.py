@@ -102,6 +102,8 @@ def _conv_strategy(st, draw, dtype: str, wino: bool, pitch: bool = False) -> dic
         strides = st.sampled_from([1, 1, 1, 2, 3])
         s = (1, 1) if pitch else (draw(strides), draw(strides))
         d = (draw(st.sampled_from([1, 1, 2, 3])), draw(st.sampled_from([1, 1, 2, 3])))
+        if not pitch and draw(st.sampled_from([True, False, False, False])):
+            s, d = (2, 2), (1, 1)  # the stride-2 convs' own route (conv_fma_phase)
         reach = [d[i] * (k[i] - 1) for i in range(2)]
         # the padding often past the kernel's reach (legal, and where pitch layouts break)
         p = tuple(draw(st.sampled_from(sorted({0, 1, r // 2, r, r + 1, r + 2, r + 3} - (

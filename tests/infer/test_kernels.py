@@ -455,7 +455,7 @@ def test_serial_and_parallel_plans_agree(work, n, int8, monkeypatch, int8_route)
                                       ("silu", True), ("gelu", True)])
 @pytest.mark.parametrize("hw,stride", [(4, 1), (9, 2)])
 @pytest.mark.parametrize("n", [1, 2])
-def test_conv2d_cols_writes_output(act, bias, hw, stride, n, fp32_route):
+def test_conv2d_cols_writes_output(act, bias, hw, stride, n, fp32_route, monkeypatch):
     """An im2col conv of one image takes the GEMM's bias and activation in registers (ReLU,
     SiLU; zeros for a missing bias) and writes the output itself (no epilogue call) on AVX-512,
     also where its pixels do not fill whole GEMM tiles (stride 2 to 5x5: the last 9 masked); other batches
@@ -465,6 +465,8 @@ def test_conv2d_cols_writes_output(act, bias, hw, stride, n, fp32_route):
     x = RNG.standard_normal((n, c, hw, hw)).astype(np.float32)
     node = Node("conv", "conv2d", ["x", "w", "b"] if bias else ["x", "w"], ["y"],
                 {"padding": [1, 1], "stride": [stride, stride], "activation": act})
+    if fp32_route == "fma":  # (a stride-2 conv would take conv_fma_phase)
+        monkeypatch.setenv("POCKET_ROUTE", "conv_fma_cols")
     with Engine(FakeContainer(Graph({"x": ValueInfo("f32", ("N", c, hw, hw))}, ["y"], [node],
                                     {k: _info(v) for k, v in params.items()}), params), threads=1) as eng:
         eng.run(x)
@@ -475,6 +477,39 @@ def test_conv2d_cols_writes_output(act, bias, hw, stride, n, fp32_route):
     assert (not any(f.startswith("bias_act") for f in funcs)) == direct, funcs
     got, want = run_both(x, [node], params)
     assert_close(got, want, scale=3 * np.sqrt(9 * c))
+
+
+@pytest.mark.parametrize("c,hw,k,pad", [(3, (23, 20), 7, 3), (3, (9, 8), 3, 1), (5, (7, 11), 3, 0),
+                                         (2, (12, 13), 5, 2), (4, (6, 6), 1, 0), (3, (10, 9), 4, 3),
+                                         (3, (30, 30), 3, 1)])
+@pytest.mark.parametrize("act", ["relu", "silu", "gelu"])
+@pytest.mark.parametrize("n,pool", [(1, None), (3, None), (1, [3, 3]), (1, [2, 2]), (2, [3, 3])])
+def test_conv2d_phase(c, hw, k, pad, act, n, pool):
+    """Stride-2 convs on AVX-512 (routes.conv_fma_phase): the input's four phases read in
+    place; odd and even sizes, kernels 1-7, padding past the kernel's reach, register and
+    pass activations, and a fused max pool (the AVX-512 pool over the pitch for one image,
+    bias_act_pool_pitch otherwise) against the reference."""
+    from pocket.infer import kernels_fma
+
+    if not kernels_fma.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512")
+    params = _conv_params(c, 12, k, k, 1)
+    x = RNG.standard_normal((n, c, *hw)).astype(np.float32)
+    nodes = [Node("conv", "conv2d", ["x", "w", "b"], ["y"],
+                  {"stride": [2, 2], "padding": [pad, pad], "activation": act})]
+    if pool is not None:
+        nodes.append(Node("pool", "maxpool2d", ["y"], ["z"], {"kernel": pool, "stride": [2, 2]}))
+    got, want = run_both(x, nodes, params)
+    assert_close(got, want, scale=c * k * k)
+    g = Graph({"x": ValueInfo("f32", ("N", *x.shape[1:]))}, [nodes[-1].outputs[0]], nodes,
+              {kk: _info(v) for kk, v in params.items()})
+    with Engine(FakeContainer(g, params), max_batch=8) as eng:
+        assert eng.routes()[0]["route"] == "conv_fma_phase"
+        eng.run(x)
+        names = {getattr(getattr(f, "func", f), "__name__", "") for f in eng._bound[n].calls}
+    # (30 x 30: 15 rows of 16 at the phases' pitch, whole tiles: the planes are whole)
+    if pool is not None and pool[0] == 3 and n == 1 and hw == (30, 30) and act != "gelu":
+        assert "maxpool_fma_serial" in names or "maxpool_fma" in names, names
 
 
 # --------------------------------------------------------------------------- Winograd F(2x2, 3x3)
@@ -539,7 +574,8 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     pointwise = {"fma": "conv_fma_1x1", "blas": "conv_pointwise"}[fp32_route]
     winograd = {"fma": "conv_winograd_fused", "blas": "conv_winograd"}[fp32_route]
     for name, want in (("3x3-pad", winograd), ("dilation", gemm), ("1x1", pointwise),
-                       ("5x5-stride2", gemm), ("groups2", "conv_im2col")):
+                       ("5x5-stride2", "conv_fma_phase" if fp32_route == "fma" else gemm),
+                       ("groups2", "conv_im2col")):
         c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
         x = RNG.standard_normal((2, max(c, 4) if name == "3x3-pad" else c, h, w)).astype(np.float32)
         params = _conv_params(x.shape[1], o, kh, kw, g)

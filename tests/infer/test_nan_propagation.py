@@ -38,7 +38,7 @@ CASES = {
     "grouped": ((4, 6, 6), 2, lambda b: _conv_relu(b, 4, 6, groups=2),
                 {"fma": "bias_act", "blas": "im2col_same"}, False),
     "strided": ((3, 9, 8), 2, lambda b: _conv_relu(b, 3, 10, stride=[2, 2]),
-                {"fma": "bias_act", "blas": "bias_act"}, False),
+                {"fma": "pad_phases", "blas": "bias_act"}, False),
     "pitch": ((8, 10, 9), 2, lambda b: _conv_relu(b, 8, 16),
               {"fma": "bias_act_pitch", "blas": "bias_act_pitch"}, False),
     # one image whose pixels fill whole tiles: the GEMM's register epilogue writes the output
@@ -54,7 +54,7 @@ CASES = {
                       {"fma": "bias_act_pool_pitch", "blas": "bias_act_pool_pitch"}, False),
     "strided_pool": ((3, 13, 13), 2, lambda b: (_conv_relu(b, 3, 10, stride=[2, 2]),
                                                 b.op("maxpool2d", kernel=[2, 2])),
-                     {"fma": "bias_act_pool", "blas": "bias_act_pool"}, False),
+                     {"fma": "bias_act_pool_pitch", "blas": "bias_act_pool"}, False),
     "winograd_pool": ((64, 16, 16), 1, lambda b: (_conv_relu(b, 64, 16), b.op("maxpool2d", kernel=[2, 2])),
                       {"fma": "output_transform", "blas": "output_transform"}, True),
     "linear_one_row": ((37,), 3, lambda b: b.linear(37, 20, activation="relu"),

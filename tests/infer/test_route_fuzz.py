@@ -81,6 +81,7 @@ PORTABLE_ROUTES = {
             "linear_blas"},
     "i8": {"conv_int8_blas", "conv_int8_im2row", "linear_int8"}}
 NATIVE_ROUTES["f32"] = PORTABLE_ROUTES["f32"] | {"conv_fma_1x1", "conv_fma_pitch", "conv_fma_cols",
+                                                 "conv_fma_phase",
                                                  "conv_winograd_fused", "linear_fma", "linear_gemv"}
 NATIVE_ROUTES["i8"] = PORTABLE_ROUTES["i8"] | {"conv_vnni", "conv_vnni_quad", "linear_vnni"}
 # ARM dotprod (the Pi 5): the int8 sdot routes ahead of the portable ones
