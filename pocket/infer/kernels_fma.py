@@ -192,11 +192,12 @@ def _bias_relu(builder, v, bo, relu):
 
 
 # The GEMM tiles' activations after the bias (`mode`, an i64: gemm's epi - 1): 0 none, 1 ReLU,
-# then for 1x1 convs (routes.conv_fma_1x1) SiLU, sigmoid and relu6 on the tile in registers,
-# with kernels_fp32.exp32's algorithm (clamp, Cody-Waite, degree 7, 2 * 2**(n-1)) and FMAs:
-# within a few ulp of the float64 formula, as act_run's loops (EfficientNet-B0's expand convs
-# took a SiLU pass over every output, 2 ms of ~18)
-MODE_SILU, MODE_SIGMOID, MODE_RELU6 = 2, 3, 4
+# then (routes.lowering_common.register_epi) SiLU, sigmoid, relu6, hardswish and hardsigmoid
+# on the tile in registers, with kernels_fp32.exp32's algorithm (clamp, Cody-Waite, degree 7,
+# 2 * 2**(n-1)) and FMAs: within a few ulp of the float64 formula, as act_run's loops
+# (EfficientNet-B0's expand convs took a SiLU pass over every output, 2 ms of ~18; MobileNetV3's
+# hardswish convs a pass each)
+MODE_SILU, MODE_SIGMOID, MODE_RELU6, MODE_HSWISH, MODE_HSIGMOID = 2, 3, 4, 5, 6
 _EXP_POLY = (1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0)
 
 
@@ -249,21 +250,47 @@ def _relu6(builder, v):
     return builder.select(builder.fcmp_ordered(">", t, _vconst(6.0)), _vconst(6.0), t)
 
 
+def _div6(builder, p):
+    """p / 6 correctly rounded from p (float32 lanes): q = p * (1/6), then one correction by the
+    residual p - 6q (an FMA), kernels_fp32._div6's step in float32."""
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3), "llvm.fma.v16f32")
+    q = builder.fmul(p, _vconst(1.0 / 6.0))
+    r = builder.call(fma, [builder.fneg(q), _vconst(6.0), p])
+    return builder.call(fma, [r, _vconst(1.0 / 6.0), q])
+
+
+def _hardsigmoid(builder, v):
+    """relu6(v + 3) / 6 in float32 (NaN kept): within an ulp of the float64 formula rounded once."""
+    return _div6(builder, _relu6(builder, builder.fadd(v, _vconst(3.0))))
+
+
+def _hardswish(builder, v):
+    """v * relu6(v + 3) / 6 in float32: the product rounded, then divided exactly (2 ulp)."""
+    return _div6(builder, builder.fmul(v, _relu6(builder, builder.fadd(v, _vconst(3.0)))))
+
+
 def _by_mode(builder, mode, emit):
     """emit(act) under a branch on mode: act(builder, v) the activation of v = sums + bias."""
     with builder.if_else(builder.icmp_signed("<", mode, _const(MODE_SILU))) as (simple, other):
         with simple:
             emit(lambda b, v: b.select(b.icmp_signed("!=", mode, _const(0)), _relu(b, v), v))
         with other:
-            with builder.if_else(builder.icmp_signed("==", mode, _const(MODE_SILU))) as (silu, rest):
-                with silu:
-                    emit(_silu)
-                with rest:
-                    with builder.if_else(builder.icmp_signed("==", mode, _const(MODE_SIGMOID))) as (sig, r6):
-                        with sig:
-                            emit(_sigmoid)
-                        with r6:
-                            emit(_relu6)
+            _by_mode_from(builder, mode, emit, [(MODE_SILU, _silu), (MODE_SIGMOID, _sigmoid),
+                                                (MODE_RELU6, _relu6), (MODE_HSWISH, _hardswish),
+                                                (MODE_HSIGMOID, _hardsigmoid)])
+
+
+def _by_mode_from(builder, mode, emit, cases):
+    """The branches of _by_mode from its first (mode, act) case on: the last one is the else."""
+    (code, act), rest = cases[0], cases[1:]
+    if not rest:
+        emit(act)
+        return
+    with builder.if_else(builder.icmp_signed("==", mode, _const(code))) as (this, others):
+        with this:
+            emit(act)
+        with others:
+            _by_mode_from(builder, mode, emit, rest)
 
 
 def _make_dot():

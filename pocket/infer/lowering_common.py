@@ -107,7 +107,8 @@ def register_epi(act: int, alpha: float) -> int | None:
     if act == kf.ACT["clip"]:
         return 1 + kfma.MODE_RELU6 if alpha == 6.0 else None
     modes = {kf.ACT["none"]: 0, kf.ACT["relu"]: 1, kf.ACT["silu"]: kfma.MODE_SILU,
-             kf.ACT["sigmoid"]: kfma.MODE_SIGMOID}
+             kf.ACT["sigmoid"]: kfma.MODE_SIGMOID, kf.ACT["hardswish"]: kfma.MODE_HSWISH,
+             kf.ACT["hardsigmoid"]: kfma.MODE_HSIGMOID}
     return 1 + modes[act] if act in modes else None
 
 

@@ -480,7 +480,7 @@ def test_conv2d_cols_writes_output(act, bias, hw, stride, n, fp32_route, monkeyp
 
 
 @pytest.mark.parametrize("c,hw,k,pad", [(3, (23, 20), 7, 3), (3, (9, 8), 3, 1), (5, (7, 11), 3, 0),
-                                         (2, (12, 13), 5, 2), (4, (6, 6), 1, 0), (3, (10, 9), 4, 3),
+                                         (2, (12, 13), 5, 2), (4, (6, 6), 2, 0), (3, (10, 9), 4, 3),
                                          (3, (30, 30), 3, 1)])
 @pytest.mark.parametrize("act", ["relu", "silu", "gelu"])
 @pytest.mark.parametrize("n,pool", [(1, None), (3, None), (1, [3, 3]), (1, [2, 2]), (2, [3, 3])])

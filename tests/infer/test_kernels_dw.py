@@ -257,7 +257,9 @@ CASES_FMA = {**CASES_PADDED, "wide-s1-ho5": (1, 3, 5, 70, (3, 3), (1, 1), (1, 1)
              "3x3-s1-pad2": (1, 2, 6, 19, (3, 3), (1, 1), (2, 2), (1, 1))}
 FMA_ACTS = {"none": (0, lambda y: y), "relu": (1, lambda y: np.where(y < 0, 0.0, y)),
             "relu6": (None, lambda y: np.clip(y, 0.0, 6.0)), "silu": (None, lambda y: y / (1 + np.exp(-y))),
-            "sigmoid": (None, lambda y: 1 / (1 + np.exp(-y))), "tanh": (-1, np.tanh)}
+            "sigmoid": (None, lambda y: 1 / (1 + np.exp(-y))), "tanh": (-1, np.tanh),
+            "hardswish": (None, lambda y: y * np.clip(y + 3, 0, 6) / 6),
+            "hardsigmoid": (None, lambda y: np.clip(y + 3, 0, 6) / 6)}
 
 
 @pytest.mark.parametrize("name", FMA_DW)
@@ -280,13 +282,14 @@ def test_dw_conv_fma(name, act):
     w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
     b = RNG.standard_normal(c).astype(np.float32)
     mode, f = FMA_ACTS[act]
-    mode = {"relu6": kfma.MODE_RELU6, "silu": kfma.MODE_SILU, "sigmoid": kfma.MODE_SIGMOID}.get(act, mode)
+    mode = {"relu6": kfma.MODE_RELU6, "silu": kfma.MODE_SILU, "sigmoid": kfma.MODE_SIGMOID,
+            "hardswish": kfma.MODE_HSWISH, "hardsigmoid": kfma.MODE_HSIGMOID}.get(act, mode)
     code = kf.ACT["clip"] if act == "relu6" else kf.ACT[act]
     y = naive_dw(x, w, s, p, d, 0.0) + b.reshape(1, -1, 1, 1)
     with np.errstate(over="ignore"):
         twin = f(y)
-    # the activations grow an error by at most their slope (<= 1 here) and a few ulp
-    bound = _f32_bound(x, w, b, s, p, d) + 4 * np.spacing(np.abs(twin).astype(np.float32))
+    # the activations grow an error by at most their slope (<= 1.5 here: hardswish) and a few ulp
+    bound = 1.5 * _f32_bound(x, w, b, s, p, d) + 4 * np.spacing(np.abs(twin).astype(np.float32))
     for parts, fn in ((1, kfd.dw_conv_fma.serial), (2, kfd.dw_conv_fma)):
         scratch = np.full((parts, kfd.scratch_size(wd, wo)), np.nan, np.float32)
         out = np.full((n, c, ho, wo), np.nan, np.float32)

@@ -79,7 +79,8 @@ def test_gemm_explicit_rows(nb, o, k, m, shift, serial):
 
 # gemm's epi codes past 2 (routes.conv_fma_1x1): the activation of sums + bias, in float64
 TILE_ACTS = {0: lambda v: v, 2: lambda v: np.maximum(v, 0), 3: lambda v: v / (1 + np.exp(-v)),
-             4: lambda v: 1 / (1 + np.exp(-v)), 5: lambda v: np.clip(v, 0, 6)}
+             4: lambda v: 1 / (1 + np.exp(-v)), 5: lambda v: np.clip(v, 0, 6),
+             6: lambda v: v * np.clip(v + 3, 0, 6) / 6, 7: lambda v: np.clip(v + 3, 0, 6) / 6}
 
 
 @needs_fma

@@ -25,8 +25,11 @@ from pocket.infer.routes.base import ROUTES, Route, conv_prep, register
 WINOGRAD_MIN_C = 64
 # ... and at least this many tiles (2x2 outputs) a call: with fewer (batch 1 on maps of 8x8 and
 # less) the per-call filter transform and short loops cost more than the GEMM saves (cnn_cifar
-# fp32 batch 1: 3.6 ms at 64, 4.2 ms at 16, 4.0 ms at 512).
-WINOGRAD_MIN_TILES = 64
+# fp32 batch 1: 3.6 ms at 64, 4.2 ms at 16, 4.0 ms at 512). 14x14 maps (49 tiles) gain: ResNet-18's
+# three 256-channel 3x3 convs there ran 3.5 ms each through im2col, 2.8 through Winograd (the
+# whole model 0.91x, SqueezeNet's last two fires at 13x13 0.96x); 7x7 maps (16 tiles) lose
+# (512 channels: 2.7 ms of filter transform and 3.7 of GEMMs a conv, for 3.6 through im2col).
+WINOGRAD_MIN_TILES = 48
 # Winograd's U (16, O*C) has rows this many floats longer: at O*C a multiple of 1024 its 16
 # rows fall in one L1 set, and the filter transform, which writes all 16 per filter, ran 10x
 # slower
