@@ -1,20 +1,26 @@
-"""float32 depthwise conv on x86 with AVX-512: kernels_dw.dw_conv_padded's padded planes and flat
-outputs, with its flat loop written as 16-lane FMAs in LLVM IR and the bias and activation
-applied to the sums in registers.
+"""float32 depthwise conv on x86 with AVX-512 (routes.conv_fma_depthwise): each output row
+computed straight from the input rows in LLVM IR, 16-lane FMAs, the bias and the activation
+applied to the sums in registers. No padded copy of the plane and no copy-out.
 
-kernels_dw's flat loop is plain Numba, which LLVM vectorizes at 8 lanes on these CPUs (its cost
-model prefers 256-bit vectors) and, with a chain of kh*kw dependent multiply-adds a lane, kept
-the FMA units waiting: 9-10 GMAC/s on EfficientNet-B0's and MobileNetV2's layers, and the SiLU
-after it (a second pass over the flat outputs) cost as much as the sums. Here a block of
-BLOCK_V vectors (64 outputs) keeps its sums in four registers, each tap's weight broadcast once
-for all four, and the activation (ReLU, relu6, SiLU, sigmoid: kernels_fma's, within a few ulp of
-the float64 formula) runs on the sums before the one store.
+kernels_dw.dw_conv_padded copies each plane into a padded scratch plane, runs one flat loop of
+plain Numba over it (which LLVM vectorizes at 8 lanes on these CPUs: its cost model prefers
+256-bit vectors) and copies the valid columns out: 9-10 GMAC/s on EfficientNet-B0's and
+MobileNetV2's layers, the two copies costing as much as the sums, and the SiLU after them
+(a second pass) as much again. Here:
 
-The layouts, the padding copy and the copy-out of each row's valid columns are kernels_dw's
-(`_layout`, `_pad_plane`); only the geometries of kernels_dw.padded_fast come here. The sums
-are one FMA chain a lane in tap order, bias first, like kernels_dw's (equal up to the FMA's
-single rounding). ARM and older x86 keep kernels_dw (the engine uses this module only when
-kernels_fma.AVAILABLE).
+- every load is masked to the lanes inside the input row, so the padding columns read as
+  zeros, and a row outside the image is a row of zeros (scratch), so no tap tests a bound;
+- stride 1 computes R_S1 output rows a call: each input row is loaded once, at each column
+  shift, for all of them;
+- stride 2 loads 32 consecutive inputs and takes their even or odd lanes (two taps a pair);
+- each output's sum is two FMA chains (its even and odd tap columns), added at the end, so
+  2R chains are in flight (4-cycle latency, two units);
+- the activation (ReLU, relu6, SiLU, sigmoid, hardswish, hardsigmoid: kernels_fma's, within a
+  few ulp of the float64 formula) runs on the sums before the one masked store; other
+  activations take one pass over each plane.
+
+The sums differ from the reference's float64 sum by float32 rounding only (bias first, the
+taps in an order of their own). ARM and older x86 keep kernels_dw.
 """
 
 from __future__ import annotations
