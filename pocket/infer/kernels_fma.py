@@ -165,7 +165,7 @@ _wide = _make_tile(4, WIDE_O)  # 64 pixels (two tiles)
 # A GEMM's last wide tile, when it has at most 4 or 2 channels: it would compute 6 either way
 # (mlp's 256 channels are 42 tiles and 4; a 10-class linear 6 and 4)
 _wide4, _wide2 = _make_tile(4, 4), _make_tile(4, 2)
-_wide_part = _make_tile(4, WIDE_O, partial=True)  # a GEMM's last 33..63 pixels
+_wide_part = _make_tile(4, WIDE_O, partial=True)  # a GEMM's last 49..63 pixels
 
 
 def _shuffle(builder, a, b, idx):

@@ -33,12 +33,15 @@ from numba.extending import intrinsic
 
 from pocket.infer import kernels_fma as kfma
 from pocket.infer.jit import kernel
-from pocket.infer.kernels_dw import _parts
+from pocket.infer.kernels_dw import _parts, padded_fast
 from pocket.infer.kernels_fp32 import act_inplace
-from pocket.infer.kernels_vnni import _const, _lanes_below, _loop, _masked_io, _ptr, _splat
+from pocket.infer.kernels_vnni import _const, _lanes_below, _lanes_within, _loop, _masked_io, _ptr, _splat
 
 _F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 _VF, _VI = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
+# shuffle_vector masks: the even and the odd lanes of two vectors (32 consecutive elements)
+EVEN = ir.Constant(_VI, list(range(0, 32, 2)))
+ODD = ir.Constant(_VI, list(range(1, 32, 2)))
 
 
 # Output rows a call: R, computed together, each input row loaded once for all of them; each
@@ -62,8 +65,6 @@ def _make_rows(k: int, s: int):
     pair of loads)."""
     nr = R_S1 if s == 1 else R_S2
     rows = (nr - 1) * s + k
-    even = ir.Constant(_VI, list(range(0, 32, 2)))
-    odd = ir.Constant(_VI, list(range(1, 32, 2)))
 
     def codegen(context, builder, signature, args):
         o, r, w, wd, wo, pw, bias, mode = args
@@ -75,13 +76,9 @@ def _make_rows(k: int, s: int):
         wv = [[_splat(builder, builder.load(_ptr(builder, builder.add(w, _const(4 * (i * k + j))), _F32),
                                             align=4), _VF) for j in range(k)] for i in range(k)]
         bv = _splat(builder, bias, _VF)
-        lanes = ir.Constant(_VI, list(range(16)))
-        wd32 = _splat(builder, builder.trunc(wd, _I32), _VI)
 
-        def inside(first):  # lanes l with 0 <= first + l < wd (first an i64)
-            at = builder.add(lanes, _splat(builder, builder.trunc(first, _I32), _VI))
-            return builder.and_(builder.icmp_signed(">=", at, ir.Constant(_VI, None)),
-                                builder.icmp_signed("<", at, wd32))
+        def inside(first):
+            return _lanes_within(builder, first, wd)
 
         def step(chunk, carried):
             ow0 = builder.mul(chunk, _const(16))
@@ -105,8 +102,8 @@ def _make_rows(k: int, s: int):
                     for i in range(rows):
                         a = builder.add(xr[i], builder.mul(first, _const(4)))
                         va, vb = ld(a, m_a), ld(builder.add(a, _const(64)), m_b)
-                        ve = builder.shuffle_vector(va, vb, even)
-                        vo = builder.shuffle_vector(va, vb, odd) if j + 1 < k else None
+                        ve = builder.shuffle_vector(va, vb, EVEN)
+                        vo = builder.shuffle_vector(va, vb, ODD) if j + 1 < k else None
                         for q in range(nr):
                             if 0 <= i - 2 * q < k:
                                 tap(q, i - 2 * q, j, ve)
@@ -135,10 +132,9 @@ def _make_rows(k: int, s: int):
 _R31, _R32, _R51, _R52 = _make_rows(3, 1), _make_rows(3, 2), _make_rows(5, 1), _make_rows(5, 2)
 
 
-def fast(kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> bool:
-    """Whether dw_conv_fma takes this geometry: kernels_dw.padded_fast's (3x3 and 5x5, stride 1
-    or 2 both ways, dilation 1)."""
-    return (kh, kw) in ((3, 3), (5, 5)) and sh == sw and sh in (1, 2) and dh == dw == 1
+# the geometries dw_conv_fma takes: the padded-plane kernels' (3x3 and 5x5, stride 1 or 2 both
+# ways, dilation 1)
+fast = padded_fast
 
 
 def scratch_size(wd: int, wo: int) -> int:

@@ -24,7 +24,8 @@ from numba.extending import intrinsic
 
 from pocket.infer import kernels_fma as kfma
 from pocket.infer.jit import kernel
-from pocket.infer.kernels_vnni import _const, _lanes_below, _loop, _masked_io, _splat
+from pocket.infer.kernels_fma_dw import EVEN, ODD
+from pocket.infer.kernels_vnni import _const, _lanes_below, _lanes_within, _loop, _masked_io
 
 FAST = ((2, 2), (3, 2), (3, 1))  # (kw, sw) with a compiled column pass; any kh, sh, padding
 
@@ -48,8 +49,6 @@ def _make_planes(kw: int, sw: int, kh_fixed: int = 0):
     NOTE: not through a row buffer in memory: the column pass's loads straddled the row pass's
     masked stores, which cannot forward, and stalled on them (SqueezeNet's 3x3/2 pools ran at
     half their speed)."""
-    even = ir.Constant(_VI, list(range(0, 32, 2)))
-    odd = ir.Constant(_VI, list(range(1, 32, 2)))
     even2 = ir.Constant(_VI, list(range(2, 32, 2)) + [0])
     last_from_c = ir.Constant(_VI, list(range(15)) + [16])
     shift1 = ir.Constant(_VI, list(range(1, 17)))
@@ -58,8 +57,6 @@ def _make_planes(kw: int, sw: int, kh_fixed: int = 0):
     def codegen(context, builder, signature, args):
         out, x, first, last, h, w, ho, wo, kh, sh, ph, pw = args
         ld, st = _masked_io(builder, _VF, 4)
-        lanes16 = ir.Constant(_VI, list(range(16)))
-        w32 = _splat(builder, builder.trunc(w, _I32), _VI)
         out_chunks = builder.sdiv(builder.add(wo, _const(15)), _const(16))
 
         def smax(a, b):
@@ -81,9 +78,7 @@ def _make_planes(kw: int, sw: int, kh_fixed: int = 0):
 
                 def rmax(k):  # R(k)
                     col = builder.sub(builder.mul(k, _const(16)), pw)
-                    at = builder.add(lanes16, _splat(builder, builder.trunc(col, _I32), _VI))
-                    inside = builder.and_(builder.icmp_signed(">=", at, ir.Constant(_VI, None)),
-                                          builder.icmp_signed("<", at, w32))
+                    inside = _lanes_within(builder, col, w)
                     a0 = builder.add(row0, builder.mul(col, _const(4)))
                     acc = ld(a0, inside, _LOW)
                     if kh_fixed:  # the window's rows unrolled, clamped inside (a repeat changes no max)
@@ -112,8 +107,8 @@ def _make_planes(kw: int, sw: int, kh_fixed: int = 0):
                     else:
                         rb = rmax(builder.add(builder.mul(c, _const(2)), _const(1)))
                         rc = rmax(builder.add(builder.mul(c, _const(2)), _const(2)))
-                        acc = kfma._vmax(builder, builder.shuffle_vector(ra, rb, even),
-                                         builder.shuffle_vector(ra, rb, odd))
+                        acc = kfma._vmax(builder, builder.shuffle_vector(ra, rb, EVEN),
+                                         builder.shuffle_vector(ra, rb, ODD))
                         if kw == 3:
                             e2 = builder.shuffle_vector(ra, rb, even2)
                             e2 = builder.shuffle_vector(e2, rc, last_from_c)

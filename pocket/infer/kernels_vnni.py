@@ -101,6 +101,14 @@ def _lanes_below(builder, n):
     return builder.icmp_signed("<", ir.Constant(_V16, list(range(16))), limit)
 
 
+def _lanes_within(builder, first, n):
+    """<16 x i1>: lanes l with 0 <= first + l < n (i64s): a row's elements among the 16 from
+    its element `first` on (a masked load then reads no padding and nothing past the row)."""
+    at = builder.add(ir.Constant(_V16, list(range(16))), _splat(builder, builder.trunc(first, _I32), _V16))
+    return builder.and_(builder.icmp_signed(">=", at, ir.Constant(_V16, None)),
+                        builder.icmp_signed("<", at, _splat(builder, builder.trunc(n, _I32), _V16)))
+
+
 def _masked_io(builder, vty, align: int):
     """ld(addr, mask[, passthru]), st(val, addr, mask): LLVM's masked load and store of vty at
     byte addresses; lanes off the mask are neither read nor written (a load gives zeros there,

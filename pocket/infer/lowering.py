@@ -41,8 +41,17 @@ def _prep_linear(ctx: PlanContext, node: Node) -> dict:
     return routes.prepare(ctx, node)
 
 
+def _pool_fma(ctx: PlanContext, node: Node) -> bool:
+    """Whether maxpool node runs as kernels_fma_pool.maxpool_fma (AVX-512, fp32, its windows)."""
+    kh, kw, sh, sw, ph, pw = _pool_geom(node.attrs)
+    return ctx.cpu.fma and ctx.infos[node.inputs[0]].dtype == "f32" and kfp.fast(kw, sw)
+
+
 def _prep_maxpool2d(ctx: PlanContext, node: Node) -> dict:
-    """kernels_pool.maxpool_sep's row buffers: one a thread."""
+    """kernels_pool.maxpool_sep's row buffers: one a thread (maxpool_fma keeps its rows in
+    registers)."""
+    if _pool_fma(ctx, node):
+        return {"pool_rows": (max(1, ctx.threads), 0)}
     kh, kw, sh, sw, ph, pw = _pool_geom(node.attrs)
     w, wo = ctx.sample[node.inputs[0]][2], ctx.sample[node.outputs[0]][2]
     width = kp.row_width(w, wo, kw, sw, pw)
@@ -76,7 +85,7 @@ def _b_maxpool2d(ctx, step, node, n):
     if not ctx.parallel(planes * x.shape[2] * x.shape[3] * node.attrs["kernel"][0]):
         parts = 1
     geom = _pool_geom(node.attrs)
-    if ctx.cpu.fma and x.dtype == np.float32 and kfp.fast(geom[1], geom[3]):
+    if _pool_fma(ctx, node):
         return [partial(kfp.maxpool_fma, y, x, parts, *geom)]
     buf = ctx.scratch(step, x.dtype, (parts, width))
     lowest = x.dtype.type(np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf)

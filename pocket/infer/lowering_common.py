@@ -112,6 +112,12 @@ def register_epi(act: int, alpha: float) -> int | None:
     return 1 + modes[act] if act in modes else None
 
 
+def register_bias(d: dict) -> np.ndarray:
+    """The bias a register epilogue (register_epi) adds for a conv's prepared d: its own, or
+    zeros where it has none."""
+    return d["b"] if d["b"].size else np.zeros(d["o"], np.float32)
+
+
 def _im2col(col, xs, geom, pad, rb: int, cb: int) -> partial:
     """The im2col call for images xs: im2col_same where the conv keeps the map's size at
     stride 1 (its mask made here, once a bind; kernels_fma's on float32 images where it is

@@ -39,15 +39,20 @@ def padded_prep(ctx, d: dict, sizes: tuple[int, ...]) -> None:
     d["scratch_bytes"] = at
 
 
+def plane_parts(ctx, geo, n: int) -> int:
+    """The parts a depthwise call splits its n * C planes into: one a thread, or one when the
+    call runs serially (too little work for the pool)."""
+    planes = n * geo.c
+    if not ctx.parallel(16 * planes * max(geo.h * geo.w, geo.ho * geo.wo)):
+        return 1
+    return min(ctx.threads, planes)
+
+
 def padded_scratch(ctx, step: int, d: dict, n: int, dtypes) -> list:
     """The regions of one bind (dtypes as padded_prep's sizes): as many parts as threads will
     share the N*C planes (one when the call runs serially)."""
     rows, a, t, offsets = d["padded"]
-    geo = d["geo"]
-    planes = n * geo.c
-    parts = min(rows, ctx.threads, planes)
-    if not ctx.parallel(16 * planes * max(geo.h * geo.w, geo.ho * geo.wo)):
-        parts = 1
+    parts = min(rows, plane_parts(ctx, d["geo"], n))
     return [ctx.scratch(step, dt, (parts, a if i == 0 else t), at)
             for i, (dt, at) in enumerate(zip(dtypes, offsets))]
 

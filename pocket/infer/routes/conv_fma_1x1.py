@@ -15,11 +15,16 @@ from __future__ import annotations
 
 from functools import partial
 
-import numpy as np
-
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
-from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _register_epi, register_epi
+from pocket.infer.lowering_common import (
+    _EMPTY_F32,
+    _act_alpha,
+    _act_code,
+    _register_epi,
+    register_bias,
+    register_epi,
+)
 from pocket.infer.routes.base import Route, conv_prep, register
 from pocket.infer.routes.conv_fma_cols import fma_limits
 from pocket.infer.routes.linear_fma import FMA_LINEAR_ROWS
@@ -39,7 +44,7 @@ class ConvFma1x1(Route):
         d["w2"] = d["w"].reshape(d["o"], d["k"])
         d["offs"] = kfma.row_offsets(d["k"], d["p"])
         # the register epilogue adds a bias: zeros where the conv has none
-        d["b_reg"] = d["b"] if d["b"].size else np.zeros(d["o"], np.float32)
+        d["b_reg"] = register_bias(d)
         return d
 
     def bind(self, ctx, step, node, d, n, pool=None):

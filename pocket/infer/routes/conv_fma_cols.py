@@ -12,7 +12,15 @@ from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fma_pool as kfp
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import lowering_common as lc
-from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned, _im2col, register_epi
+from pocket.infer.lowering_common import (
+    _EMPTY_F32,
+    _act_alpha,
+    _act_code,
+    _aligned,
+    _im2col,
+    register_bias,
+    register_epi,
+)
 from pocket.infer.routes.base import Route, conv_prep, register
 
 # On two or more threads an im2col conv with this many columns a chunk (batch 1 on 6x6 to
@@ -46,7 +54,7 @@ class ConvFmaCols(Route):
         o, k, p = d["o"], d["k"], d["p"]
         d["w2"] = d["w"].reshape(o, k)
         # the register epilogue adds a bias: zeros where the conv has none
-        d["b_reg"] = d["b"] if d["b"].size else np.zeros(o, np.float32)
+        d["b_reg"] = register_bias(d)
         d["chunk"] = max(1, min(ctx.max_batch, lc.FMA_SCRATCH_BYTES // ((k + o) * p * 4)))
         cols = kfma.tile_cols(d["chunk"] * p)
         # (two results while the GEMM runs over the halves of K)

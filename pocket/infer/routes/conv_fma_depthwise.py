@@ -19,7 +19,7 @@ import numpy as np
 from pocket.infer import kernels_fma_dw as kfd
 from pocket.infer.lowering_common import _act_alpha, _act_code, register_epi
 from pocket.infer.routes.base import Route, conv_prep, register
-from pocket.infer.routes.conv_depthwise import depthwise_limit
+from pocket.infer.routes.conv_depthwise import depthwise_limit, plane_parts
 
 
 @register
@@ -51,11 +51,7 @@ class ConvFmaDepthwise(Route):
         act, alpha = _act_code(a), _act_alpha(a)
         epi = register_epi(act, alpha)
         kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
-        geo = d["geo"]
-        planes = n * geo.c
-        parts = min(max(1, ctx.threads), planes)
-        if not ctx.parallel(16 * planes * max(geo.h * geo.w, geo.ho * geo.wo)):
-            parts = 1
+        parts = plane_parts(ctx, d["geo"], n)
         scratch = ctx.scratch(step, np.float32, (parts, d["row"]))
         return [partial(kfd.dw_conv_fma, y, x, d["w"], d["b"], scratch, sh, ph, pw,
                         -1 if epi is None else epi - 1, act, alpha)]

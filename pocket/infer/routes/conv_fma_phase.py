@@ -19,7 +19,14 @@ from pocket.infer import kernels_fma_pool as kfp
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_phase as kq
 from pocket.infer import lowering_common as lc
-from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned, register_epi
+from pocket.infer.lowering_common import (
+    _EMPTY_F32,
+    _act_alpha,
+    _act_code,
+    _aligned,
+    register_bias,
+    register_epi,
+)
 from pocket.infer.routes.base import Route, conv_prep, register
 from pocket.infer.routes.conv_fma_cols import fma_limits
 
@@ -54,7 +61,7 @@ class ConvFmaPhase(Route):
         slack = max(0, int(offs.max()) // 4 + mpi - per) + 16
         chunk = max(1, min(ctx.max_batch, lc.FMA_SCRATCH_BYTES // ((per + o * mpi) * 4)))
         d.update(w2=d["w"].reshape(o, k), offs=offs, hq=hq, wq=wq, mpi=mpi, per=per, slack=slack,
-                 chunk=chunk, b_reg=d["b"] if d["b"].size else np.zeros(o, np.float32))
+                 chunk=chunk, b_reg=register_bias(d))
         d["scratch_bytes"] = _aligned((chunk * per + slack) * 4) + _aligned(o * chunk * mpi * 4)
         return d
 
