@@ -104,10 +104,15 @@ def _conv_strategy(st, draw, dtype: str, wino: bool, pitch: bool = False) -> dic
         d = (draw(st.sampled_from([1, 1, 2, 3])), draw(st.sampled_from([1, 1, 2, 3])))
         if not pitch and draw(st.sampled_from([True, False, False, False])):
             s, d = (2, 2), (1, 1)  # the stride-2 convs' own route (conv_fma_phase)
+        # the pointwise routes' geometry (conv_pw, conv_pw_int8, conv_fma_1x1, conv_pointwise)
+        pointwise = g == 1 and draw(st.sampled_from([True, False, False, False]))
+        if pointwise:
+            k, s, d = (1, 1), (1, 1), (1, 1)
         reach = [d[i] * (k[i] - 1) for i in range(2)]
         # the padding often past the kernel's reach (legal, and where pitch layouts break)
-        p = tuple(draw(st.sampled_from(sorted({0, 1, r // 2, r, r + 1, r + 2, r + 3} - (
-            {r + 1, r + 2, r + 3} if pitch else set())))) for r in reach)
+        p = (0, 0) if pointwise else tuple(draw(st.sampled_from(sorted(
+            {0, 1, r // 2, r, r + 1, r + 2, r + 3} - ({r + 1, r + 2, r + 3} if pitch else set()))))
+            for r in reach)
         lo = [max(1, reach[i] + 1 - 2 * p[i]) for i in range(2)]
         h, w = draw(st.integers(lo[0], lo[0] + 11)), draw(st.integers(lo[1], lo[1] + 11))
         if s == (1, 1) and draw(st.booleans()):
