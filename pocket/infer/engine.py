@@ -277,11 +277,14 @@ class Engine:
         if self._ctx is not None:
             self._ctx.threads = self._threads
         self._bound = {}  # the plans' serial/parallel switches depend on the thread count
-        blas = _blas_controllers() if self._threads > 1 else []
+        # NOTE: threads=1 sets BLAS's pool too: left alone, OpenBLAS ran on every core under a
+        # 1-thread engine (a busy neighbour process made a portable MobileNetV2 call's mean
+        # 2.3x its median); the per-call switching (_serial) is for engines of 2+ threads
+        blas = _blas_controllers() if threads is not None or self._threads > 1 else []
         for c in blas:
             if threads is not None:
                 c.set_num_threads(threads)
-        self._blas = [(_blas_setter(c), c.num_threads) for c in blas]
+        self._blas = [(_blas_setter(c), c.num_threads) for c in blas] if self._threads > 1 else []
 
     def _parallel(self, work: int) -> bool:
         """Whether a call of this much work (see _call_work) runs on the thread pool."""

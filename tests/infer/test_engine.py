@@ -151,6 +151,32 @@ def test_threads_and_warmup(mnist):
         Engine(mnist["path"], threads=10_000)
 
 
+class _FakeBlas:
+    """A threadpoolctl controller stand-in: records the pool sizes it is given."""
+
+    internal_api = "fake"
+
+    def __init__(self):
+        self.num_threads, self.sizes = 2, []
+
+    def set_num_threads(self, k):
+        self.sizes.append(k)
+        self.num_threads = k
+
+
+@pytest.mark.parametrize("threads", [1, 2, None])
+def test_threads_size_the_blas_pool(mnist, monkeypatch, threads):
+    """With threadpoolctl, `threads` sets BLAS's pool as well, 1 included (left alone, a
+    1-thread engine ran OpenBLAS on every core); None leaves it as it was."""
+    fake = _FakeBlas()
+    monkeypatch.setattr(engine_mod, "_blas_controllers", lambda: [fake])
+    with Engine(mnist["path"], threads=threads) as eng:
+        eng.warmup()
+        assert fake.sizes[:1] == ([] if threads is None else [threads])
+        # only an engine of 2+ threads switches the pool per call (Engine._serial)
+        assert bool(eng._blas) == (eng._threads > 1)
+
+
 def test_import_pulls_in_no_heavy_modules():
     code = ("import sys, pocket.infer, pocket.infer.app, pocket.infer.inputs\n"
             "bad = [m for m in ('click', 'onnx', 'onnxruntime', 'cupy', 'PIL', 'pocket.train',"
