@@ -111,6 +111,11 @@ CTRL_C = """
     import pocket.train.run as run
     from pocket.cli import main
 
+    # A job started in the background by a non-interactive shell (CI, `cmd &`)
+    # inherits SIGINT ignored; a terminal's Ctrl-C reaches a foreground process
+    # that has Python's default handler, which is what this test is about.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     real = run.train_from_config
 
     def interrupt(trainer, epoch, step):
