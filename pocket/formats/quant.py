@@ -12,8 +12,11 @@ One definition, so that every producer and consumer rounds the same way:
 - Bias of an int8 conv/linear: int32, b_q[o] = round_half_even(b[o] / (x_scale * w_scale[o])),
   computed in float64 (as ONNX QDQ expects the bias scale to be x_scale * w_scale).
 - Accumulation: acc[o] = sum((x_q - x_zp) * w_q) + b_q[o], exact in int32.
-- Requantization to int8: y_q = clip(round_half_even(acc * M[o]) + y_zp, lo, 127) with
-  M[o] = x_scale * w_scale[o] / y_scale in float64 and the product in float64; lo = y_zp when
+- Requantization to int8: y_q = clip(round_half_even(float32(acc) * float32(M[o])) + y_zp,
+  lo, 127) with M[o] = x_scale * w_scale[o] / y_scale in float64, then the product of the two
+  float32 values in float32 (one rounding), as onnxruntime's int8 kernels requantize: vector
+  units hold twice as many float32 lanes as float64 ones (4 on NEON), and this epilogue is
+  most of an int8 network's work after the dot products; lo = y_zp when
   the node fuses relu (relu(y) quantizes to max(y_q, y_zp)), else -128. A fused clip (min 0,
   max) clamps to [y_zp, hi] with hi = quantize(max): clip then quantize equals quantize then
   clamp, since rounding is monotone. hi is 127 otherwise.
@@ -105,10 +108,12 @@ def requant_multiplier(x_scale: float, w_scale: np.ndarray, y_scale: float | Non
 
 def requantize(acc: np.ndarray, m: np.ndarray, y_zero_point: int, relu: bool,
                axis: int = 1, hi: int = QMAX) -> np.ndarray:
-    """acc (N, O, ...) i32 -> i8. m (O,) f64 along `axis`; hi the highest code (a clip's)."""
+    """acc (N, O, ...) i32 -> i8. m (O,) f64 along `axis`, used as float32 (see the module
+    docstring); hi the highest code (a clip's)."""
     shape = [1] * acc.ndim
     shape[axis] = -1
-    y = np.rint(acc.astype(np.float64) * m.reshape(shape)) + y_zero_point
+    v = acc.astype(np.float32) * np.asarray(m, np.float64).astype(np.float32).reshape(shape)
+    y = np.rint(v).astype(np.float64) + y_zero_point
     lo = y_zero_point if relu else QMIN
     return np.clip(y, lo, hi).astype(np.int8)
 

@@ -39,7 +39,7 @@ from numba import njit, prange
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import act_inplace
-from pocket.infer.kernels_int8 import _epilogue
+from pocket.infer.kernels_int8 import _code, _epilogue, total32
 
 # (kh, kw, stride along the width) with an unrolled interior loop; any dilation, padding and
 # stride along the height
@@ -454,10 +454,16 @@ def _flat_epilogue(tmp, acc, n_out, badj, epi):
     NOTE: a loop of its own: inside _flat_q's, LLVM vectorized neither (the multiply-adds ran
     scalar), and in the copy-out along 4- and 8-wide rows it ran scalar."""
     m, y_zp, clamp, to_int8, relu = epi
-    for t0 in range(0, n_out, VEC):
-        for u in range(VEC):
-            t = np.uint64(t0 + u)
-            tmp[t] = _epilogue(np.int64(acc[t]) + badj, m, y_zp, clamp, to_int8, relu)
+    if to_int8:
+        for t0 in range(0, n_out, VEC):
+            for u in range(VEC):
+                t = np.uint64(t0 + u)
+                tmp[t] = _code(total32(acc[t], badj), m, y_zp, clamp)
+    else:
+        for t0 in range(0, n_out, VEC):
+            for u in range(VEC):
+                t = np.uint64(t0 + u)
+                tmp[t] = _epilogue(np.int64(acc[t]) + badj, m, y_zp, clamp, to_int8, relu)
 
 
 @njit(cache=True, inline="always")

@@ -12,10 +12,13 @@ converted to float32 in the engine's scratch (weights too, once per call, so no 
 the weights outlives a call), split over K in chunks of EXACT_K so every partial sum is an
 integer below 2**24. BLAS sgemm runs 3-4x faster than the vectorized int8 dot (`gemm_q`).
 
-Epilogue: to int8 y = clip(rint(acc * m[o]) + y_zp, lo, hi) with m in float64 (lo = y_zp when
-relu or clip is fused, hi = quantize(max) for a clip, else -128 and 127), or to float32
-y = float32(acc * m[o]) then relu (also for clip) and the ceiling (a clip's max, else inf). The
-kernels pass the three bounds through as one tuple, `lo` = (lo, hi, ceiling).
+Epilogue: to int8 y = clip(rint(float32(acc) * float32(m[o])) + y_zp, lo, hi), the product in
+float32 (lo = y_zp when relu or clip is fused, hi = quantize(max) for a clip, else -128 and
+127), or to float32 y = float32(acc * m[o]) in float64 then relu (also for clip) and the
+ceiling (a clip's max, else inf). The kernels pass the three bounds through as one tuple,
+`lo` = (lo, hi, ceiling). Callers may hand the epilogue acc as int32 (int32 arithmetic on the
+sums and bias_adj wraps to the true total, which fits int32: the reference refuses any other),
+int64 or an integer-valued float64: float32 of the same integer is the same float32.
 """
 
 from __future__ import annotations
@@ -31,9 +34,7 @@ EXACT_K = 1024  # float32 sums of int8 x int8 products stay exact up to 1032 ter
 # Adding and then subtracting 1.5 * 2**23 rounds a float32 of magnitude below 2**22 to an
 # integer, ties to even (the add's own rounding does it)
 _ROUND = np.float32(12582912.0)
-# ... and 1.5 * 2**52 a float64 of magnitude below 2**51
-_ROUND64 = np.float64(6755399441055744.0)
-_SAT64 = np.float64(2.0**20)  # |acc * m| past this saturates to -128 or 127 whatever y_zp is
+_SAT32 = np.float32(512.0)  # |acc * m| past this saturates to -128 or 127 whatever y_zp is
 
 
 @kernel
@@ -100,16 +101,32 @@ def weight_sums(w):
 
 
 @njit(cache=True, inline="always")
+def _code(acc, m, y_zp, clamp):
+    """_epilogue's int8 code, as a float32 (for loops that only write codes: _epilogue's
+    result is float64, which halves the lanes of the conversion to int8).
+
+    NOTE: np.rint is a libm call per element that keeps the loops scalar (3.1 ns an output on
+    4-wide rows); clamping first keeps the _ROUND trick exact. Every step is float32 (y_zp and
+    the bounds are small integers, exact in float32)."""
+    v = np.float32(acc) * np.float32(m)
+    v = min(max(v, -_SAT32), _SAT32)
+    v = (v + _ROUND) - _ROUND + np.float32(y_zp)
+    return min(max(v, np.float32(clamp[0])), np.float32(clamp[1]))
+
+
+@njit(cache=True, inline="always")
+def total32(s, badj):
+    """The int32 total of a sum and bias_adj (wrap-around is exact: the total fits int32)."""
+    return np.int32(np.int32(s) + np.int32(badj))
+
+
+@njit(cache=True, inline="always")
 def _epilogue(acc, m, y_zp, clamp, to_int8, relu):
     """One int32 accumulator -> int8 code or float32 value (see the module docstring);
     clamp = (lowest code, highest code, float32 ceiling)."""
-    v = np.float64(acc) * m
     if to_int8:
-        # NOTE: np.rint is a libm call per element that keeps the loops scalar (3.1 ns an
-        # output on 4-wide rows); clamping first keeps the _ROUND64 trick exact
-        v = min(max(v, -_SAT64), _SAT64)
-        return min(max((v + _ROUND64) - _ROUND64 + y_zp, clamp[0]), clamp[1])
-    v = np.float64(np.float32(v))
+        return _code(acc, m, y_zp, clamp)
+    v = np.float64(np.float32(np.float64(acc) * m))
     return min(max(v, 0.0) if relu else v, clamp[2])
 
 
@@ -157,11 +174,15 @@ def requant_sum(out, yf, rb, cb, bias_adj, m, to_int8, y_zp, lo, relu):
         badj, mo = bias_adj[oc], m[oc]
         dst = out[b, oc]
         row0 = yf[0, b * rb + oc, b * cb:b * cb + p]
-        for i in range(p):
-            acc = np.int64(row0[i])
-            for c in range(1, kc):
-                acc += np.int64(yf[c, b * rb + oc, b * cb + i])
-            dst[i] = _epilogue(acc + badj, mo, y_zp, lo, to_int8, relu)
+        if to_int8 and kc == 1:
+            for i in range(p):
+                dst[i] = _code(total32(row0[i], badj), mo, y_zp, lo)
+        else:
+            for i in range(p):
+                acc = np.int64(row0[i])
+                for c in range(1, kc):
+                    acc += np.int64(yf[c, b * rb + oc, b * cb + i])
+                dst[i] = _epilogue(acc + badj, mo, y_zp, lo, to_int8, relu)
 
 
 @kernel

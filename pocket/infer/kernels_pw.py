@@ -39,7 +39,7 @@ from numba import njit, prange
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import act_run
-from pocket.infer.kernels_int8 import _epilogue
+from pocket.infer.kernels_int8 import _code, _epilogue, total32
 
 PB = 256  # pixels a block: the 8 partial rows are 8 KB, the 4 input rows' block 4 KB
 ROWS = 8  # output channels a pass
@@ -212,8 +212,13 @@ def pw_conv_q(out, x, w, bias_adj, m, to_int8, y_zp, lo, relu, acc):
 
 @njit(cache=True, inline="always")
 def _requant_row(of, d0, a, s0, cnt, badj, mo, y_zp, lo, to_int8, relu):
-    # NOTE: float64(sum) + float64(badj) is the int64 total exactly (integers below 2**53),
-    # one conversion a lane where the int64 route took two
-    d, s, bf = U(d0), U(s0), np.float64(badj)
-    for p in range(cnt):
-        of[d + U(p)] = _epilogue(np.float64(a[s + U(p)]) + bf, mo, y_zp, lo, to_int8, relu)
+    d, s = U(d0), U(s0)
+    if to_int8:
+        for p in range(cnt):
+            of[d + U(p)] = _code(total32(a[s + U(p)], badj), mo, y_zp, lo)
+    else:
+        # NOTE: float64(sum) + float64(badj) is the int64 total exactly (integers below
+        # 2**53), one conversion a lane where the int64 route took two
+        bf = np.float64(badj)
+        for p in range(cnt):
+            of[d + U(p)] = _epilogue(np.float64(a[s + U(p)]) + bf, mo, y_zp, lo, to_int8, relu)

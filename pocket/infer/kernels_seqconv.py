@@ -15,7 +15,7 @@ from numba import prange
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import activate, nanmax
-from pocket.infer.kernels_int8 import _epilogue
+from pocket.infer.kernels_int8 import _code, _epilogue, total32
 
 
 @kernel
@@ -128,13 +128,19 @@ def requant_one(out, y, cb, bias_adj, m, to_int8, y_zp, lo, relu):
     out (N, O, P) i8 or f32, the row of (sequence i, channel o) at y[o, i*cb:i*cb + P]:
     kernels_int8.requant_sum's result for one chunk of K, bit for bit.
 
-    NOTE: the sum plus the bias adjustment in float64 (exact: integers below 2**53), not
-    through int64: the float-int64 conversions kept requant_sum's loop scalar (45% of tcn's
-    int8 engine call at batch 64)."""
+    NOTE: to int8 the int32 total (kernels_int8.total32) and the float32 epilogue; to float32
+    the sum plus the bias adjustment in float64 (exact: integers below 2**53), not through
+    int64: the float-int64 conversions kept requant_sum's loop scalar (45% of tcn's int8
+    engine call at batch 64)."""
     n, o, p = out.shape
     for r in prange(n * o):
         b, oc = r // o, r % o
-        badj, mo = np.float64(bias_adj[oc]), m[oc]
+        mo = m[oc]
         dst, row = out[b, oc], y[oc, b * cb:b * cb + p]
-        for i in range(p):
-            dst[i] = _epilogue(np.float64(row[i]) + badj, mo, y_zp, lo, to_int8, relu)
+        if to_int8:
+            for i in range(p):
+                dst[i] = _code(total32(row[i], bias_adj[oc]), mo, y_zp, lo)
+        else:
+            badj = np.float64(bias_adj[oc])
+            for i in range(p):
+                dst[i] = _epilogue(np.float64(row[i]) + badj, mo, y_zp, lo, to_int8, relu)

@@ -47,7 +47,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
-from pocket.infer.kernels_int8 import _epilogue
+from pocket.infer.kernels_int8 import _code, _epilogue, total32
 
 MAX_K = (2**31 - 1) // (255 * 128)  # 65793: longer dot products could leave int32
 TILE_O, TILE_P = 4, 64  # a _tile's channels and pixels (4 x 4 zmm accumulators)
@@ -621,7 +621,7 @@ def _epilogue_run(c, cf, oc, count, badj, mo, y_zp, lo, to_int8, relu):
     float32 into cf (c's memory). One long contiguous loop: it vectorizes."""
     if to_int8:
         for j in range(count):
-            c[oc, j] = np.int32(_epilogue(np.int64(c[oc, j]) + badj, mo, y_zp, lo, to_int8, relu))
+            c[oc, j] = np.int32(_code(total32(c[oc, j], badj), mo, y_zp, lo))
     else:
         for j in range(count):
             cf[oc, j] = np.float32(_epilogue(np.int64(c[oc, j]) + badj, mo, y_zp, lo, to_int8, relu))
@@ -676,9 +676,15 @@ def requant_cols(out, c, cf, pitch, istride, bias, m, to_int8, y_zp, lo, relu):
         for i in range(rows):
             src = np.uint64(oc * mp + b * istride + i * pitch)
             dst = np.uint64((r * ho + i) * wo)
-            for j in range(width):
-                u = np.uint64(j)
-                of[dst + u] = _epilogue(np.int64(cflat[src + u]) + badj, mo, y_zp, lo, to_int8, relu)
+            if to_int8:
+                for j in range(width):
+                    u = np.uint64(j)
+                    of[dst + u] = _code(total32(cflat[src + u], badj), mo, y_zp, lo)
+            else:
+                for j in range(width):
+                    u = np.uint64(j)
+                    of[dst + u] = _epilogue(np.int64(cflat[src + u]) + badj, mo, y_zp, lo,
+                                            to_int8, relu)
 
 
 @kernel

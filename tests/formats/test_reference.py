@@ -201,7 +201,8 @@ def test_int8_conv_follows_quant(relu, out_int8, groups):
                      [1, 1], groups).astype(np.int64) + b_q.reshape(1, -1, 1, 1)
     if out_int8:
         m = np.float64(xs) * w_s.astype(np.float64) / np.float64(0.05)
-        want = np.clip(np.rint(acc * m.reshape(1, -1, 1, 1)) - 7, -7 if relu else -128, 127)
+        v = acc.astype(np.float32) * m.astype(np.float32).reshape(1, -1, 1, 1)  # in float32
+        want = np.clip(np.rint(v) - 7, -7 if relu else -128, 127)
         assert got.dtype == np.int8
         np.testing.assert_array_equal(got, want.astype(np.int8))
     else:
@@ -261,7 +262,7 @@ def test_int8_linear_over_leading_dims(lead, bias, act, out_int8):
             acc = sum((int(x_q[idx][i]) - xzp) * int(w_q[j, i]) for i in range(k))
             acc += int(b_q[j]) if bias else 0
             if out_int8:
-                q = int(np.rint(acc * m[j])) + yzp
+                q = int(np.rint(np.float32(acc) * np.float32(m[j]))) + yzp  # in float32
                 hi = int(np.rint(4.0 / ys)) + yzp if act == "clip" else 127
                 want = min(max(q, yzp if act != "none" else -128), hi)
             else:

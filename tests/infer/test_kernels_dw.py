@@ -141,7 +141,8 @@ def _int8_case(name, x_zp):
 
 
 def _naive_requant(acc, m, y_zp, relu):
-    y = np.rint(acc.astype(np.float64) * m.reshape(1, -1, 1, 1)) + y_zp
+    # formats.quant: the product of float32(acc) and float32(m), in float32
+    y = np.rint(acc.astype(np.float32) * m.astype(np.float32).reshape(1, -1, 1, 1)) + y_zp
     return np.clip(y, y_zp if relu else -128, 127).astype(np.int8)
 
 

@@ -119,7 +119,8 @@ def test_pw_conv_q_exact(name, mode):
     acc = np.einsum("ok,nkp->nop", w_q.reshape(o, k).astype(np.int64), x.astype(np.int64) - x_zp)
     acc += b_q.astype(np.int64).reshape(1, o, 1)
     if to_int8:
-        twin = np.clip(np.rint(acc * m.reshape(1, o, 1)) + y_zp, lo[0], lo[1]).astype(np.int8)
+        v = acc.astype(np.float32) * m.astype(np.float32).reshape(1, o, 1)  # formats.quant
+        twin = np.clip(np.rint(v) + y_zp, lo[0], lo[1]).astype(np.int8)
     else:
         twin = (acc * m.reshape(1, o, 1)).astype(np.float32)
         twin = np.maximum(twin, np.float32(0)) if relu else twin

@@ -195,10 +195,11 @@ def test_requant_cols(to_int8, ho, wo, pitch, gap):
     bias, m = RNG.integers(-500, 500, o).astype(np.int64), RNG.random(o) * 1e-4
     acc = c[:, :n * istride].reshape(o, n, istride)[..., :ho * pitch].reshape(o, n, ho, pitch)
     acc = acc[..., :wo].transpose(1, 0, 2, 3).astype(np.int64)
-    v = (acc + bias[:, None, None]) * m[:, None, None]
-    if to_int8:
+    if to_int8:  # formats.quant: float32(acc) * float32(m) in float32
+        v = (acc + bias[:, None, None]).astype(np.float32) * m.astype(np.float32)[:, None, None]
         want = np.clip(np.rint(v) - 7, -7, 127).astype(np.int8)
     else:
+        v = (acc + bias[:, None, None]) * m[:, None, None]
         want = np.maximum(v.astype(np.float32), 0)
     out = np.zeros((n, o, ho, wo), want.dtype)
     kv.requant_cols(out, c, c.view(np.float32), pitch, istride, bias, m, to_int8, -7.0,
@@ -223,7 +224,8 @@ def test_requant_cols_pool(k, s, gap):
                          (-128.0, 127.0, np.inf), False)
     acc = sums[:, :n * istride].reshape(o, n, istride)[..., :hc * pitch].reshape(o, n, hc, pitch)
     acc = acc[..., :wc].transpose(1, 0, 2, 3)
-    y = np.clip(np.rint((acc + bias[:, None, None]) * m[:, None, None]) + 5, -128, 127)
+    v = (acc + bias[:, None, None]).astype(np.float32) * m.astype(np.float32)[:, None, None]
+    y = np.clip(np.rint(v) + 5, -128, 127)
     want = np.full((n, o, ho, wo), -128.0)
     for i in range(k[0]):
         for j in range(k[1]):
@@ -241,7 +243,8 @@ def test_requant_cols_pack(relu, n):
     c = RNG.integers(-(2**20), 2**20, (o, mp + 16)).astype(np.int32)
     bias, m = RNG.integers(-500, 500, o).astype(np.int64), RNG.random(o) * 1e-4
     lo = 3.0 if relu else -128.0
-    codes = np.clip(np.rint((c[:, :n] + bias[:, None]) * m[:, None]) + 3, lo, 127).astype(np.int8)
+    v = (c[:, :n] + bias[:, None]).astype(np.float32) * m.astype(np.float32)[:, None]
+    codes = np.clip(np.rint(v) + 3, lo, 127).astype(np.int8)
     want = np.zeros((o // 4, mp), np.uint32)
     kv.pack_rows_t(want, np.ascontiguousarray(codes.T).view(np.uint32))
     got = np.full((o // 4, mp), 0xDEADBEEF, np.uint32)
