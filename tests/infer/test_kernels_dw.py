@@ -202,22 +202,46 @@ def _padded_scratch(case, parts, x_dtype, t_dtype, fill):
 
 
 @pytest.mark.parametrize("name", PADDED)
-@pytest.mark.parametrize("act", ["relu6", "tanh"])
+@pytest.mark.parametrize("act", ["relu6", "relu", "none", "tanh"])
 def test_dw_conv_padded_f32(name, act):
-    """Against the naive twin, on one part (serial) and on two (the parallel twin)."""
+    """Against the naive twin, on one part (serial) and on two (the parallel twin). ReLU and
+    relu6 run in the copy-out, tanh as a pass over the flat outputs, none in neither."""
     case = CASES_PADDED[name]
     n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
     x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
     w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
     b = RNG.standard_normal(c).astype(np.float32)
     y = naive_dw(x, w, s, p, d, 0.0) + b.reshape(1, -1, 1, 1)
-    twin = np.clip(y, 0.0, 6.0) if act == "relu6" else np.tanh(y)
+    twin = {"relu6": lambda: np.clip(y, 0.0, 6.0), "relu": lambda: np.maximum(y, 0.0),
+            "none": lambda: y, "tanh": lambda: np.tanh(y)}[act]()
     code = kf.ACT["clip"] if act == "relu6" else kf.ACT[act]
     for parts, fn in ((1, kd.dw_conv_padded.serial), (2, kd.dw_conv_padded)):
         xp, tmp = _padded_scratch(case, parts, np.float32, np.float32, np.nan)
         out = np.full((n, c, ho, wo), np.nan, np.float32)
         fn(out, x, w, b, xp, tmp, s[0], *p, code, 6.0)
         assert np.all(np.abs(out - twin) <= _f32_bound(x, w, b, s, p, d)), parts
+
+
+@pytest.mark.parametrize("name", ["s2-pad2-odd", "5x5-s1-narrow", "4x4-s1"])
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_dw_conv_padded_f32_nan(name, act):
+    """A NaN input pixel makes NaN exactly the outputs whose taps read it, through the
+    copy-out's ReLU and clip too (as in formats/reference.py)."""
+    case = CASES_PADDED[name]
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    x[0, 0, h // 2, 0] = np.nan
+    x[-1, c - 1, h - 1, wd - 1] = np.nan
+    w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    xp, tmp = _padded_scratch(case, 1, np.float32, np.float32, 0.0)
+    out = np.empty((n, c, ho, wo), np.float32)
+    kd.dw_conv_padded.serial(out, x, w, b, xp, tmp, s[0], *p, kf.ACT["clip" if act == "relu6" else act], 6.0)
+    attrs = _attrs(c, s, p, d, activation="clip", min=0.0, max=6.0) if act == "relu6" else _attrs(
+        c, s, p, d, activation=act)
+    want = ref.conv2d(attrs, x, w, b)
+    assert np.isnan(want).any()
+    assert np.array_equal(np.isnan(out), np.isnan(want))
 
 
 @pytest.mark.parametrize("name", PADDED)
