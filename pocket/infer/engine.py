@@ -455,7 +455,7 @@ class Engine:
             return None
         i, j, a = hits[0]
         if (a.ctypes.data != view.ctypes.data or a.nbytes != view.nbytes or a.dtype != view.dtype
-                or not a.flags.c_contiguous or bound.calls[i].keywords):
+                or not a.flags.c_contiguous):
             return None
         return i, j, a.shape
 
@@ -559,7 +559,9 @@ class Engine:
             if bound.feed is not None and not bound.serial_steps:
                 at, arg, _ = bound.feed
                 fed = bound.calls[at]
-                bound.fed_split = (bound.calls[:at], fed.func, fed.args[:arg], fed.args[arg + 1:],
+                # (a BLAS call takes its output as a keyword: np.matmul(x, w, out=y))
+                func = partial(fed.func, **fed.keywords) if fed.keywords else fed.func
+                bound.fed_split = (bound.calls[:at], func, fed.args[:arg], fed.args[arg + 1:],
                                    bound.calls[at + 1:])
             return
         self._run_calls(bound)
@@ -676,7 +678,7 @@ def _call_all(calls: list, fed: tuple | None) -> None:
     for i, call in enumerate(calls):
         if i == at:
             args = call.args
-            call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:])
+            call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:], **call.keywords)
         else:
             call()
 

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from pocket.compare import exact_session_options
 from pocket.export import export
 from pocket.formats import reference
 from pocket.formats.container import read_container, write_container
@@ -89,7 +90,7 @@ def test_onnx_runs_like_the_training_model(zoo_ckpt):
     name, path, x, want = zoo_ckpt
     out = path.with_name("model.onnx")
     export(path, out)
-    opts = ort.SessionOptions()
+    opts = exact_session_options(ort)
     opts.log_severity_level = 3
     sess = ort.InferenceSession(str(out), opts, providers=["CPUExecutionProvider"])
     _close(sess.run(None, {sess.get_inputs()[0].name: x})[0], want)
@@ -112,7 +113,7 @@ def test_int8_bin_is_bit_exact_with_the_reference(zoo_ckpt):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
     export(path, path.with_name("model.int8.onnx"), int8=True)
-    sess = ort.InferenceSession(str(path.with_name("model.int8.onnx")),
+    sess = ort.InferenceSession(str(path.with_name("model.int8.onnx")), exact_session_options(ort),
                                 providers=["CPUExecutionProvider"])
     y = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     assert (y.argmax(1) == got.argmax(1)).all()
@@ -164,5 +165,6 @@ def test_cli_train_then_export_a_zoo_model(tmp_path):
         x = np.asarray(c.tensors["calib/x"][:8])
         want = reference.run(c.graph, {n: np.array(c.tensors[n]) for n in c.graph.params},
                              {"input": x})["output"]
-    sess = ort.InferenceSession(str(run / "m.onnx"), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(run / "m.onnx"), exact_session_options(ort),
+                                providers=["CPUExecutionProvider"])
     _close(sess.run(None, {sess.get_inputs()[0].name: x})[0], want)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pocket.compare import exact_session_options
 from pocket.export.onnx_export import to_onnx
 from pocket.formats import reference as ref
 from pocket.formats.ir import Graph, Node, ValueInfo
@@ -25,10 +26,9 @@ def test_l2norm_onnx_matches_reference(axis, shape):
     assert [n.op_type for n in model.graph.node][-3:] == ["ReduceL2", "Max", "Div"]
     x = rng.normal(size=(4, *shape)).astype(np.float32)
     x[2] = 0.0  # a zero row: zeros, where LpNormalization would give NaN
-    opts = ort.SessionOptions()
+    opts = exact_session_options(ort)
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     got = sess.run(None, {"x": x})[0]
     want = ref.run(g, {"w": w}, x)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from export_models import Net, residual_cnn, smooth_images, wide_cnn
 
+from pocket.compare import exact_session_options
 from pocket.errors import PocketError
 from pocket.export import ExportError
 from pocket.export.app import export, render
@@ -23,7 +24,7 @@ def write_ckpt(path, graph, params, calib=None, **extra):
 
 def run_ort(path, x):
     ort = pytest.importorskip("onnxruntime")
-    opts = ort.SessionOptions()
+    opts = exact_session_options(ort)
     opts.log_severity_level = 3
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, {sess.get_inputs()[0].name: x})[0]
@@ -112,7 +113,7 @@ def test_onnxruntime_runs_int8_kernels(wide_ckpt, tmp_path):
     import onnx
 
     r = export(wide_ckpt[0], tmp_path / "m.onnx", int8=True, calib_samples=32)
-    opts = ort.SessionOptions()
+    opts = exact_session_options(ort)
     opts.log_severity_level = 3
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     opts.optimized_model_filepath = str(tmp_path / "opt.onnx")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from export_models import Net, smooth_images, wide_cnn
 
+from pocket.compare import exact_session_options
 from pocket.export import transforms as T
 from pocket.export.onnx_export import to_onnx
 from pocket.export.quantize import quantize_graph
@@ -15,10 +16,9 @@ ort = pytest.importorskip("onnxruntime")
 
 
 def run_ort(model, x: np.ndarray) -> list[np.ndarray]:
-    opts = ort.SessionOptions()
+    opts = exact_session_options(ort)
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, {sess.get_inputs()[0].name: x})
 
 

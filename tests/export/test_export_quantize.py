@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from export_models import residual_cnn, smooth_images
 
+from pocket.compare import exact_session_options
 from pocket.export import transforms as T
 from pocket.export.onnx_export import to_onnx
 from pocket.export.quantize import calibrate, quantize_graph
@@ -43,7 +44,8 @@ def test_residual_int8_through_onnxruntime(residual):
     ort = pytest.importorskip("onnxruntime")
     g32, p32, qz, x = residual
     model = to_onnx(qz.graph, qz.params, qz.quant)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), exact_session_options(ort),
+                                providers=["CPUExecutionProvider"])
     got = sess.run(None, {"input": x})[0]
     want = reference.run(qz.graph, qz.params, x, qz.quant)["logits"]
     fp32 = reference.run(g32, p32, x)["logits"]

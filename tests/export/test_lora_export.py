@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pocket.compare import exact_session_options
+
 ort = pytest.importorskip("onnxruntime")
 
 CONFIG = """\
@@ -75,6 +77,7 @@ def test_lora_exports_merged_and_matches_the_training_model(tmp_path, case):
     export(ckpt, tmp_path / "m.onnx")
     with Engine(tmp_path / "m.bin", max_batch=len(x)) as eng:
         np.testing.assert_allclose(eng.run(x), want, rtol=1e-4, atol=1e-4)
-    s = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    s = ort.InferenceSession(str(tmp_path / "m.onnx"), exact_session_options(ort),
+                             providers=["CPUExecutionProvider"])
     got = s.run(None, {s.get_inputs()[0].name: x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

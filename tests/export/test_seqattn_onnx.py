@@ -5,6 +5,7 @@ too), a linear over (N, L, in) with a fused activation, an add of a param."""
 import numpy as np
 import pytest
 
+from pocket.compare import exact_session_options
 from pocket.formats import reference
 from pocket.formats.ir import Graph, Node, ValueInfo
 
@@ -21,7 +22,8 @@ def _run_both(g, params, x):
 
     model = to_onnx(g, params)  # onnx.checker + strict shape inference inside
     types = {n.op_type for n in model.graph.node}
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    s = ort.InferenceSession(model.SerializeToString(), exact_session_options(ort),
+                             providers=["CPUExecutionProvider"])
     got = s.run(None, {next(iter(g.inputs)): x})[0]
     return got, reference.run(g, params, x)[g.outputs[0]], types
 

@@ -5,6 +5,7 @@ model, and its int8 export (conv1d as an int8 layer) through the engine and onnx
 import numpy as np
 import pytest
 
+from pocket.compare import exact_session_options
 from pocket.export.onnx_export import to_onnx
 from pocket.export.quantize import quantize_graph
 from pocket.export.transforms import optimize
@@ -16,7 +17,7 @@ pytest.importorskip("onnx")
 
 
 def _ort(graph, params, x, quant=None):
-    sess = ort.InferenceSession(to_onnx(graph, params, quant).SerializeToString(),
+    sess = ort.InferenceSession(to_onnx(graph, params, quant).SerializeToString(), exact_session_options(ort),
                                 providers=["CPUExecutionProvider"])
     return sess.run(None, {next(iter(graph.inputs)): x})[0]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pocket.compare import exact_session_options
 from pocket.formats import reference as ref
 from tests.formats import spiking_graphs as sg
 
@@ -14,7 +15,7 @@ pytest.importorskip("onnx")
 
 
 def _run(model, x):
-    opts = ort.SessionOptions()
+    opts = exact_session_options(ort)
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, {"x": x})[0]

@@ -16,12 +16,14 @@ from pocket.formats.ir import Graph, Node, ValueInfo
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from ssm_params import ssm_params  # noqa: E402
 
+from pocket.compare import exact_session_options
+
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 
 def run_ort(model, x):
-    opts = ort.SessionOptions()
+    opts = exact_session_options(ort)
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, {"x": x})[0]

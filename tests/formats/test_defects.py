@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from test_corruption import edit_entry, emit, expect, good, load, split  # noqa: F401 - fixtures
 
+from pocket.compare import exact_session_options
 from pocket.formats import FormatError, Graph
 from pocket.formats import reference as ref
 from pocket.formats.container import write_container
@@ -163,7 +164,7 @@ def test_nan_through_relu_in_onnxruntime():
     from pocket.export.onnx_export import to_onnx
 
     g = Graph.from_dict(_graph(["N", 4]))
-    sess = ort.InferenceSession(to_onnx(g, {}).SerializeToString(),
+    sess = ort.InferenceSession(to_onnx(g, {}).SerializeToString(), exact_session_options(ort),
                                 providers=["CPUExecutionProvider"])
     x = np.array([[np.nan, -1.0, 2.0, -3.0]], np.float32)
     (y,) = sess.run(None, {"x": x})

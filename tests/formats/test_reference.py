@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from pocket.compare import exact_session_options
 from pocket.formats import quant as qm
 from pocket.formats import reference as ref
 from pocket.formats.errors import FormatError
@@ -315,7 +316,8 @@ def _ort(node, x, inits=()):
         [numpy_helper.from_array(v, k) for k, v in inits])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), exact_session_options(ort),
+                                providers=["CPUExecutionProvider"])
     return sess.run(None, {"x": x})[0]
 
 

@@ -14,6 +14,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from pocket.compare import exact_session_options  # noqa: E402
 from pocket.importer.app import import_onnx  # noqa: E402
 from pocket.importer.reader import ImportError_  # noqa: E402
 
@@ -76,7 +77,8 @@ def _engine(imp, tmp_path):
 
 
 def _ort(model, x):
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    s = ort.InferenceSession(model.SerializeToString(), exact_session_options(ort),
+                             providers=["CPUExecutionProvider"])
     return s.run(None, {"x": x})[0]
 
 

@@ -8,6 +8,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from pocket.compare import exact_session_options  # noqa: E402
 from pocket.importer.app import import_onnx  # noqa: E402
 
 RNG = np.random.default_rng(5)
@@ -76,7 +77,8 @@ def test_a_qdq_channel_shuffle_imports_and_agrees_with_onnxruntime(tmp_path):
     write_container(tmp_path / "m.bin", kind="model", tensors=imp.params, graph=imp.graph,
                     quant=imp.quant)
     x = RNG.standard_normal((4, 3, 5, 6)).astype(F)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort.InferenceSession(str(path), exact_session_options(ort),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     with Engine(tmp_path / "m.bin", max_batch=8) as eng:
         got = eng.run(x, copy=True)
     # onnxruntime runs int8 convolutions in float on x86 (see bench/onnx_models.py): a code may
@@ -105,7 +107,8 @@ def test_a_qdq_matmul_over_the_last_axis_stays_float(tmp_path):
     from pocket.formats import reference
 
     got = reference.run(imp.graph, imp.params, x, imp.quant)[imp.graph.outputs[0]]
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort.InferenceSession(str(path), exact_session_options(ort),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     step = float(next(n for n in imp.graph.nodes if n.op == "dequantize"
                       and n.outputs[0] == imp.graph.outputs[0]).attrs["scale"])
     assert np.abs(got - want).max() <= 1.01 * step
@@ -183,7 +186,8 @@ def test_qdq_elementwise_functions_of_one_code_become_lookup_tables(tmp_path):
     write_container(tmp_path / "m.bin", kind="model", tensors=imp.params, graph=imp.graph,
                     quant=imp.quant)
     x = RNG.standard_normal((3, 3, 5, 6)).astype(F)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    want = ort.InferenceSession(str(path), exact_session_options(ort),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})
     ref = reference.run(imp.graph, imp.params, x, imp.quant)
     with Engine(tmp_path / "m.bin", max_batch=4) as eng:
         got = eng.run_all(x, copy=True)
@@ -215,7 +219,8 @@ def test_a_lut_exports_to_onnx_as_a_gather(tmp_path):
     params = {"t": RNG.integers(-128, 128, 256).astype(np.int8)}
     x = (RNG.standard_normal((5, 7)) * 3).astype(F)  # past the codes' range at both ends
     model = to_onnx(g, params, {})
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(model.SerializeToString(), exact_session_options(ort),
+                                providers=["CPUExecutionProvider"])
     got = sess.run(None, {"x": x})[0]
     want = reference.run(g, params, x, {})["y"]
     np.testing.assert_array_equal(got, want)

@@ -9,6 +9,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from pocket.compare import exact_session_options  # noqa: E402
 from pocket.importer.app import import_onnx  # noqa: E402
 from pocket.importer.reader import ImportError_  # noqa: E402
 
@@ -40,7 +41,7 @@ def _check(model, x, tmp_path, want_ops=None):
         assert op in ops or any(n.attrs.get("activation") == op for n in imp.graph.nodes), ops
     path = tmp_path / "m.bin"
     write_container(path, kind="model", tensors=imp.params, graph=imp.graph, quant=imp.quant)
-    want = ort.InferenceSession(model.SerializeToString(),
+    want = ort.InferenceSession(model.SerializeToString(), exact_session_options(ort),
                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     with Engine(path, max_batch=8) as eng:
         np.testing.assert_allclose(eng.run(x, copy=True), want, rtol=1e-5, atol=1e-5)

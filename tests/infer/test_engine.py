@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from models import FakeContainer, cnn_mnist, mlp, quantize_sequential, save_model, to_onnx
 
+from pocket.compare import exact_session_options
 from pocket.errors import PocketError
 from pocket.formats import reference as ref
 from pocket.formats.container import read_container
@@ -61,7 +62,8 @@ def test_matches_onnxruntime(mnist, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     rng = np.random.default_rng(3)
     for g, p in (cnn_mnist(rng, softmax=True), (mnist["g"], mnist["p"]), mlp(rng)):
-        sess = ort.InferenceSession(to_onnx(g, p), providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(to_onnx(g, p), exact_session_options(ort),
+                                    providers=["CPUExecutionProvider"])
         x = rng.random((5, *g.inputs["x"].shape[1:]), dtype=np.float32)
         with Engine(save_model(tmp_path / "m.bin", g, p)) as eng:
             np.testing.assert_allclose(eng.run(x), sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
@@ -172,7 +174,12 @@ def test_threads_size_the_blas_pool(mnist, monkeypatch, threads):
     monkeypatch.setattr(engine_mod, "_blas_controllers", lambda: [fake])
     with Engine(mnist["path"], threads=threads) as eng:
         eng.warmup()
-        assert fake.sizes[:1] == ([] if threads is None else [threads])
+        if threads is None:
+            # where the plan calls BLAS (no AVX-512), an engine of 2+ threads shrinks the pool
+            # to 1 around its small GEMMs (Engine._serial) and hands back the size it found
+            assert set(fake.sizes) <= {1, 2} and fake.num_threads == 2
+        else:
+            assert fake.sizes[:1] == [threads]
         # only an engine of 2+ threads switches the pool per call (Engine._serial)
         assert bool(eng._blas) == (eng._threads > 1)
 

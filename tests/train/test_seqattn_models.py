@@ -5,6 +5,7 @@ within 1e-4."""
 import numpy as np
 import pytest
 
+from pocket.compare import exact_session_options
 from pocket.train import models, trace
 from pocket.train import nn_seqattn as NS
 from pocket.train.models import ModelError
@@ -28,7 +29,7 @@ def _exports_match(tmp_path, model, shape, x):
     ort = pytest.importorskip("onnxruntime")
     from pocket.export.onnx_export import to_onnx
 
-    s = ort.InferenceSession(to_onnx(g, params).SerializeToString(),
+    s = ort.InferenceSession(to_onnx(g, params).SerializeToString(), exact_session_options(ort),
                              providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(s.run(None, {"input": x})[0], want, atol=1e-4, rtol=0)
     return g
