@@ -4,6 +4,7 @@ batch 1, at the architectures' usual input sizes (issue 23's benchmark).
     python bench/edge.py                                  # every architecture, x86, 1 and 2 threads
     python bench/edge.py --models mobilenet_v2 --repeats 9
     python bench/edge.py --portable                       # also the portable path (what ARM runs)
+    python bench/edge.py --ort-exact                      # int8: also onnxruntime's exact kernels
     python bench/edge.py --icount pi4,pi5 --models mobilenet_v2   # emulated Pi guest instructions
     python bench/edge.py --icount pi5 --split --out edge_arm     # ... and pocket's per kernel
 
@@ -128,6 +129,8 @@ def _runner(framework: str, path: str, threads: int):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    if framework == "ort_exact":  # its exact int8 kernels on x86 without VNNI (pocket compare's)
+        so.add_session_config_entry("session.x64quantprecision", "1")
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     iname = sess.get_inputs()[0].name
@@ -154,14 +157,15 @@ def _env(threads: int, extra: dict | None = None) -> dict:
 
 def latency(args, name: str, files: dict, threads: int) -> list[dict]:
     shape = ARCHS[name][0]
-    frameworks = ["pocket", "onnxruntime"] + (["portable"] if args.portable else [])
     rows = []
     for prec in args.precisions:
+        frameworks = (["pocket", "onnxruntime"] + (["portable"] if args.portable else [])
+                      + (["ort_exact"] if args.ort_exact and prec == "int8" else []))
         per: dict[str, list[float]] = {fw: [] for fw in frameworks}
         for _ in range(args.repeats):
             for fw in frameworks:
-                kind = "onnxruntime" if fw == "onnxruntime" else "pocket"
-                path = files[f"{prec}.{'onnx' if kind == 'onnxruntime' else 'bin'}"]
+                kind = "pocket" if fw in ("pocket", "portable") else fw
+                path = files[f"{prec}.{'bin' if kind == 'pocket' else 'onnx'}"]
                 cmd = [sys.executable, __file__, "--worker", kind, "--file", str(path),
                        "--threads", str(threads), "--shape", ",".join(map(str, shape)),
                        "--budget", str(args.budget)]
@@ -177,10 +181,15 @@ def latency(args, name: str, files: dict, threads: int) -> list[dict]:
         if args.portable:
             row.update(portable_ms=med["portable"] * 1e3,
                        portable_ratio=med["portable"] / med["onnxruntime"])
+        if "ort_exact" in med:
+            row.update(ort_exact_ms=med["ort_exact"] * 1e3,
+                       ratio_exact=med["pocket"] / med["ort_exact"])
         rows.append(row)
         print(f"  {name} {prec} t{threads}: pocket {row['pocket_ms']:.3f} ms  ort "
               f"{row['ort_ms']:.3f} ms  x{row['ratio']:.2f}"
-              + (f"  portable x{row['portable_ratio']:.2f}" if args.portable else ""),
+              + (f"  portable x{row['portable_ratio']:.2f}" if args.portable else "")
+              + (f"  ort_exact {row['ort_exact_ms']:.3f} ms x{row['ratio_exact']:.2f}"
+                 if "ort_exact_ms" in row else ""),
               file=sys.stderr, flush=True)
     return rows
 
@@ -299,14 +308,19 @@ def markdown(result: dict) -> str:
              "onnxruntime (lower is better).", ""]
     if result["latency"]:
         port = any("portable_ms" in r for r in result["latency"])
+        exact = any("ort_exact_ms" in r for r in result["latency"])
         lines += ["| model | precision | threads | pocket ms | onnxruntime ms | ratio |"
-                  + (" portable ms | portable ratio |" if port else ""),
-                  "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if port else "")]
+                  + (" portable ms | portable ratio |" if port else "")
+                  + (" onnxruntime exact ms | ratio to exact |" if exact else ""),
+                  "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if port else "")
+                  + ("---:|---:|" if exact else "")]
         for r in result["latency"]:
             lines.append(f"| {r['model']} | {r['precision']} | {r['threads']} | "
                          f"{r['pocket_ms']:.3f} | {r['ort_ms']:.3f} | {r['ratio']:.2f} |"
                          + (f" {r['portable_ms']:.3f} | {r['portable_ratio']:.2f} |"
-                            if port else ""))
+                            if port else "")
+                         + ((f" {r['ort_exact_ms']:.3f} | {r['ratio_exact']:.2f} |"
+                             if "ort_exact_ms" in r else " | |") if exact else ""))
     if result["icount"]:
         lines += ["", "Guest instructions per inference on the emulated Pi (one thread):", "",
                   "| Pi | model | precision | pocket | onnxruntime | ratio |",
@@ -349,6 +363,9 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--budget", type=float, default=0.5, help="seconds of calls per repeat")
+    ap.add_argument("--ort-exact", action="store_true",
+                    help="int8 rows also time onnxruntime with session.x64quantprecision=1 (its exact "
+                         "int8 kernels on x86 without VNNI, as pocket compare runs it)")
     ap.add_argument("--portable", action="store_true",
                     help="also time pocket with POCKET_FP32_FMA=0 POCKET_INT8_VNNI=0")
     ap.add_argument("--icount", default="", help="pi4,pi5: guest instruction counts instead of "
@@ -358,7 +375,7 @@ def main() -> None:
     ap.add_argument("--split", action="store_true", help="with --icount: pocket's instructions "
                     "per kernel as well (one more warm call, a marker before each kernel)")
     ap.add_argument("--out", default="edge", help="results name: bench/results/NAME.{json,md}")
-    ap.add_argument("--worker", choices=("pocket", "onnxruntime"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("pocket", "onnxruntime", "ort_exact"), help=argparse.SUPPRESS)
     ap.add_argument("--file", help=argparse.SUPPRESS)
     ap.add_argument("--shape", help=argparse.SUPPRESS)
     args = ap.parse_args()
