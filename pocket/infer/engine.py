@@ -80,6 +80,15 @@ __all__ = ["ALIGN", "ALIAS_OPS", "SUPPORTED_OPS", "Engine", "EngineError"]
 # cnn_cifar int8 serial (packing by table, the 4x4 GEMMs): at 1 << 21 its batch 1 on two
 # threads went 757 -> 688 us; the other reference models within noise.
 _PARALLEL_WORK = 1 << 21
+# A plan whose BLAS GEMMs are mostly small (see _blas_small) runs them on the calling thread
+# alone, BLAS's pool pinned to one thread, and lets OpenMP's threads spin between its Numba
+# kernels; those then split from this much work (a wake-up of a spinning thread costs ~1 us).
+# On a 2-core AMD Zen 2, 2 threads, MobileNetV2-0.5 went 2.9 -> 2.0 ms (at 1 << 21: 3.1),
+# EfficientNet-B0 24.8 -> 18.9 ms; with BLAS's own pool of 2 they ran no faster than 1 thread
+_PARALLEL_WORK_PINNED = 1 << 17
+# GEMMs of this many multiply-adds a sample gain from BLAS's own threads (ResNet-18's 3x3 convs
+# at 1 thread 52 ms, 2: 43 ms; pinned: 46)
+_BIG_GEMM = 1 << 24
 # Where OpenMP's threads spin between kernels (see _spin_if_no_blas) a wake-up costs a few
 # µs, not tens, and an element-wise kernel counts this much more work per element (cnn_cifar
 # fp32 batch 1, 2 threads: im2col and the Winograd transforms of 50-130 µs each ran on one
@@ -155,6 +164,7 @@ class Engine:
         self._quant: dict | None = None  # the weights' int8 scales, for the interpreter
         self._fast: tuple | None = None  # (input dtype, per-sample shape) once planned
         self._ctx: PlanContext | None = None  # what the lowerings see of the plan (plan.py)
+        self._spinning = self._pinned = False  # OpenMP's threads spin; BLAS on one thread
         if not interpret_first:
             self._plan()
 
@@ -164,7 +174,7 @@ class Engine:
         from pocket.infer import routes
         from pocket.infer.lowering import PREPARE, chained_linears, fusable_pools, no_prep, padded_pairs
 
-        self._spinning = _spin_if_no_blas(self.graph)
+        self._spinning, self._pinned = _spin_policy(self.graph, self._sample, self._want_threads)
         ctx = self._ctx = PlanContext(
             self.graph, self._params, self._sample, self._infos, self._container.quant, self.max_batch,
             threads=1, cpu=Cpu.host(), forced=routes.forced_routes(), readers=self.readers(),
@@ -280,15 +290,18 @@ class Engine:
         # NOTE: threads=1 sets BLAS's pool too: left alone, OpenBLAS ran on every core under a
         # 1-thread engine (a busy neighbour process made a portable MobileNetV2 call's mean
         # 2.3x its median); the per-call switching (_serial) is for engines of 2+ threads
-        blas = _blas_controllers() if threads is not None or self._threads > 1 else []
+        blas = _blas_controllers() if threads is not None or self._threads > 1 or self._pinned else []
         for c in blas:
-            if threads is not None:
+            if self._pinned:
+                c.set_num_threads(1)
+            elif threads is not None:
                 c.set_num_threads(threads)
-        self._blas = [(_blas_setter(c), c.num_threads) for c in blas] if self._threads > 1 else []
+        self._blas = ([(_blas_setter(c), c.num_threads) for c in blas]
+                      if self._threads > 1 and not self._pinned else [])
 
     def _parallel(self, work: int) -> bool:
         """Whether a call of this much work (see _call_work) runs on the thread pool."""
-        return self._threads > 1 and work >= _PARALLEL_WORK
+        return self._threads > 1 and work >= (_PARALLEL_WORK_PINNED if self._pinned else _PARALLEL_WORK)
 
     def _serial(self, on: bool) -> None:
         """A step of a bound plan: BLAS on the calling thread alone, or on its full pool again."""
@@ -635,6 +648,58 @@ def _alloc_arena(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
+def _spin_policy(graph: Graph, sample: dict, threads: int | None) -> tuple[bool, bool]:
+    """(whether OpenMP's threads spin between the plan's kernels, whether its BLAS calls run on
+    one thread, BLAS's pool pinned): _spin_if_no_blas's plans spin; so does a plan with mostly
+    small GEMMs (_blas_small) on 2+ threads where threadpoolctl can pin BLAS's pool, its GEMMs
+    then on the calling thread. Otherwise BLAS keeps its pool (Engine._serial).
+
+    NOTE: BLAS's own pool never runs beside spinning OpenMP threads, which starve it: where they
+    spin (for this plan, an earlier one of the process, or the user's OMP settings) a plan with
+    BLAS calls pins its pool to one thread, large GEMMs and all."""
+    if _spin_if_no_blas(graph):
+        return True, False
+    top = threads if threads is not None else _default_threads()
+    if top < 2 or not _blas_controllers():
+        return False, False
+    if _blas_small(graph, sample) and "GOMP_SPINCOUNT" not in os.environ and os.environ.get(
+            "OMP_WAIT_POLICY", "PASSIVE").upper() == "PASSIVE":
+        os.environ["GOMP_SPINCOUNT"] = "100000"
+    spinning = _omp_spins()
+    return spinning, spinning
+
+
+def _omp_spins() -> bool:
+    """Whether OpenMP's idle threads spin (GOMP_SPINCOUNT or OMP_WAIT_POLICY=ACTIVE)."""
+    return (os.environ.get("GOMP_SPINCOUNT", "") not in ("", "0")
+            or os.environ.get("OMP_WAIT_POLICY", "").upper() == "ACTIVE")
+
+
+def _default_threads() -> int:
+    """Numba's default pool size (without starting the pool)."""
+    import numba
+
+    return numba.config.NUMBA_NUM_THREADS
+
+
+def _blas_small(graph: Graph, sample: dict) -> bool:
+    """Whether GEMMs of _BIG_GEMM or more multiply-adds a sample hold under half of the plan's
+    conv and linear multiply-adds (depthwise and grouped convs, which never take BLAS, apart):
+    the MobileNets, ShuffleNetV2 and EfficientNet-B0 (0-22%), not ResNet-18 (98%) or SqueezeNet
+    (74%), whose large GEMMs gain more from BLAS's threads than the small kernels lose."""
+    sizes = []
+    for n in graph.nodes:
+        if n.op == "conv2d" and n.attrs.get("groups", 1) == 1:
+            o, ho, wo = sample[n.outputs[0]]
+            w = graph.params[n.inputs[1]]
+            sizes.append(o * ho * wo * math.prod(w.shape[1:]))
+        elif n.op == "linear":
+            o, k = graph.params[n.inputs[1]].shape
+            sizes.append(o * k * math.prod(sample[n.inputs[0]][:-1]))
+    total = sum(sizes)
+    return total > 0 and sum(m for m in sizes if m >= _BIG_GEMM) < total / 2
+
+
 def _spin_if_no_blas(graph: Graph) -> bool:
     """Let OpenMP threads spin ~0.1-1 ms between kernels when no BLAS call will run beside them.
 
@@ -656,8 +721,7 @@ def _spin_if_no_blas(graph: Graph) -> bool:
     if not blas and "GOMP_SPINCOUNT" not in os.environ and os.environ.get(
             "OMP_WAIT_POLICY", "PASSIVE").upper() == "PASSIVE":
         os.environ["GOMP_SPINCOUNT"] = "100000"
-    return not blas and (os.environ.get("GOMP_SPINCOUNT", "") not in ("", "0")
-                         or os.environ.get("OMP_WAIT_POLICY", "").upper() == "ACTIVE")
+    return not blas and _omp_spins()
 
 
 def _check_threads(threads: int | None) -> int | None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tracemalloc
 
 import numpy as np
 import pytest
-from models import FakeContainer, cnn_mnist, mlp, quantize_sequential, save_model, to_onnx
+from models import Builder, FakeContainer, cnn_mnist, mlp, quantize_sequential, save_model, to_onnx
 
 from pocket.compare import exact_session_options
 from pocket.errors import PocketError
@@ -169,19 +170,67 @@ class _FakeBlas:
 @pytest.mark.parametrize("threads", [1, 2, None])
 def test_threads_size_the_blas_pool(mnist, monkeypatch, threads):
     """With threadpoolctl, `threads` sets BLAS's pool as well, 1 included (left alone, a
-    1-thread engine ran OpenBLAS on every core); None leaves it as it was."""
+    1-thread engine ran OpenBLAS on every core); None leaves it as it was; a plan of small
+    GEMMs on 2+ threads pins it to 1 (engine._spin_policy)."""
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)  # restored after the test
     fake = _FakeBlas()
     monkeypatch.setattr(engine_mod, "_blas_controllers", lambda: [fake])
     with Engine(mnist["path"], threads=threads) as eng:
         eng.warmup()
-        if threads is None:
+        if eng._pinned:
+            # its GEMMs on the calling thread, the pool never switched per call
+            assert eng._threads > 1 and eng._spinning
+            assert set(fake.sizes) == {1} and fake.num_threads == 1 and not eng._blas
+        elif threads is None:
             # where the plan calls BLAS (no AVX-512), an engine of 2+ threads shrinks the pool
             # to 1 around its small GEMMs (Engine._serial) and hands back the size it found
             assert set(fake.sizes) <= {1, 2} and fake.num_threads == 2
         else:
             assert fake.sizes[:1] == [threads]
-        # only an engine of 2+ threads switches the pool per call (Engine._serial)
-        assert bool(eng._blas) == (eng._threads > 1)
+            # only an engine of 2+ threads switches the pool per call (Engine._serial)
+            assert bool(eng._blas) == (eng._threads > 1)
+
+
+def test_blas_small_tells_small_gemm_plans_from_large_ones():
+    """The MobileNet-like plans (GEMMs of under 2**24 multiply-adds a sample) pin BLAS and spin;
+    a plan whose multiply-adds sit mostly in large GEMMs (a 64-channel 3x3 conv at 56x56: 115M)
+    keeps BLAS's pool; a plan with neither conv nor linear has nothing to pin."""
+    rng = np.random.default_rng(5)
+    g, _ = cnn_mnist(rng)
+    assert engine_mod._blas_small(g, {v: i.shape[1:] for v, i in g.validate().items()})
+    b = Builder((64, 56, 56), rng)
+    b.conv(64, 64, 3, padding=[1, 1], activation="relu")
+    b.op("global_avgpool")
+    b.op("flatten")
+    b.linear(64, 10)
+    big = b.graph({"task": "classification"})
+    assert not engine_mod._blas_small(big, {v: i.shape[1:] for v, i in big.validate().items()})
+    b = Builder((8,), rng)
+    b.op("relu")
+    g = b.graph({})
+    assert not engine_mod._blas_small(g, {v: i.shape[1:] for v, i in g.validate().items()})
+
+
+def test_spinning_openmp_pins_blas_for_large_plans_too(monkeypatch, tmp_path):
+    """Once OpenMP's threads spin in the process, a plan with large GEMMs pins BLAS's pool as
+    well (its threads would compete with the spinning ones), on 2 threads; without spinning it
+    keeps the pool."""
+    fake = _FakeBlas()
+    monkeypatch.setattr(engine_mod, "_blas_controllers", lambda: [fake])
+    monkeypatch.setattr(engine_mod, "_spin_if_no_blas", lambda graph: False)
+    rng = np.random.default_rng(6)
+    b = Builder((64, 56, 56), rng)
+    b.conv(64, 64, 3, padding=[1, 1], activation="relu")
+    b.op("flatten")
+    g = b.graph({})
+    sample = {v: i.shape[1:] for v, i in g.validate().items()}
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert engine_mod._spin_policy(g, sample, 2) == (False, False)
+    assert "GOMP_SPINCOUNT" not in os.environ  # large GEMMs: nothing set
+    monkeypatch.setenv("GOMP_SPINCOUNT", "100000")
+    assert engine_mod._spin_policy(g, sample, 2) == (True, True)
+    assert engine_mod._spin_policy(g, sample, 1) == (False, False)
 
 
 def test_import_pulls_in_no_heavy_modules():
