@@ -83,8 +83,8 @@ _PARALLEL_WORK = 1 << 21
 # A plan whose BLAS GEMMs are mostly small (see _blas_small) runs them on the calling thread
 # alone, BLAS's pool pinned to one thread, and lets OpenMP's threads spin between its Numba
 # kernels; those then split from this much work (a wake-up of a spinning thread costs ~1 us).
-# On a 2-core AMD Zen 2, 2 threads, MobileNetV2-0.5 went 2.9 -> 2.0 ms (at 1 << 21: 3.1),
-# EfficientNet-B0 24.8 -> 18.9 ms; with BLAS's own pool of 2 they ran no faster than 1 thread
+# On a 2-core AMD Zen 2, 2 threads, interleaved A/B: MobileNetV2-0.5 2.23 -> 1.82 ms,
+# EfficientNet-B0 22.4 -> 18.5 ms; with BLAS's own pool of 2 they ran no faster than 1 thread
 _PARALLEL_WORK_PINNED = 1 << 17
 # GEMMs of this many multiply-adds a sample gain from BLAS's own threads (ResNet-18's 3x3 convs
 # at 1 thread 52 ms, 2: 43 ms; pinned: 46)
@@ -662,11 +662,17 @@ def _spin_policy(graph: Graph, sample: dict, threads: int | None) -> tuple[bool,
     top = threads if threads is not None else _default_threads()
     if top < 2 or not _blas_controllers():
         return False, False
-    if _blas_small(graph, sample) and "GOMP_SPINCOUNT" not in os.environ and os.environ.get(
-            "OMP_WAIT_POLICY", "PASSIVE").upper() == "PASSIVE":
-        os.environ["GOMP_SPINCOUNT"] = "100000"
+    if _blas_small(graph, sample):
+        _let_omp_spin()
     spinning = _omp_spins()
     return spinning, spinning
+
+
+def _let_omp_spin() -> None:
+    """GOMP_SPINCOUNT=100000, unless the user set it or a wait policy (see _spin_if_no_blas)."""
+    if "GOMP_SPINCOUNT" not in os.environ and os.environ.get(
+            "OMP_WAIT_POLICY", "PASSIVE").upper() == "PASSIVE":
+        os.environ["GOMP_SPINCOUNT"] = "100000"
 
 
 def _omp_spins() -> bool:
@@ -718,9 +724,8 @@ def _spin_if_no_blas(graph: Graph) -> bool:
 
     blas = any(n.op in ("conv2d", "linear") and not (kv.AVAILABLE if "x_scale" in n.attrs else
                                                      kfma.AVAILABLE) for n in graph.nodes)
-    if not blas and "GOMP_SPINCOUNT" not in os.environ and os.environ.get(
-            "OMP_WAIT_POLICY", "PASSIVE").upper() == "PASSIVE":
-        os.environ["GOMP_SPINCOUNT"] = "100000"
+    if not blas:
+        _let_omp_spin()
     return not blas and _omp_spins()
 
 
