@@ -5,6 +5,7 @@ batch 1, at the architectures' usual input sizes (issue 23's benchmark).
     python bench/edge.py --models mobilenet_v2 --repeats 9
     python bench/edge.py --portable                       # also the portable path (what ARM runs)
     python bench/edge.py --ort-exact                      # int8: also onnxruntime's exact kernels
+    python bench/edge.py --load 1                         # beside one busy process (2 vs 1 thread)
     python bench/edge.py --icount pi4,pi5 --models mobilenet_v2   # emulated Pi guest instructions
     python bench/edge.py --icount pi5 --split --out edge_arm     # ... and pocket's per kernel
 
@@ -17,7 +18,9 @@ Latency: one subprocess per framework, architecture, precision, thread count and
 onnxruntime alternating so machine load hits both alike (see bench/infer.py for why one framework
 per process); each repeat is the median call time, the table the median over repeats. `--portable`
 adds a third framework, pocket with POCKET_FP32_FMA=0 POCKET_INT8_VNNI=0 (plain Numba, the code
-ARM gets), ratioed against the same onnxruntime runs.
+ARM gets), ratioed against the same onnxruntime runs. `--load N` runs N busy processes (a
+Python spin loop each) for the whole latency run: the table then adds, per model, 2-thread latency
+over 1-thread latency for each framework (issue 23: no worse than 1 under one busy neighbour).
 
 icount: `../shared/tools/arm64-env icount` runs one warm call of each framework on the emulated
 Cortex-A72 (pi4) or A76 (pi5), one thread, between os.close(-4200) / os.close(-4201) markers, and
@@ -305,7 +308,9 @@ def markdown(result: dict) -> str:
     lines = [f"# Edge models: pocket vs onnxruntime ({result['machine']})", "",
              f"Batch 1. Load average before/after: {result['load_before']} / "
              f"{result['load_after']}. Median over {result['repeats']} repeats; ratio = pocket / "
-             "onnxruntime (lower is better).", ""]
+             "onnxruntime (lower is better)."
+             + (f" With {result['load']} busy process(es) beside the timed ones all along."
+                if result.get("load") else ""), ""]
     if result["latency"]:
         port = any("portable_ms" in r for r in result["latency"])
         exact = any("ort_exact_ms" in r for r in result["latency"])
@@ -321,6 +326,16 @@ def markdown(result: dict) -> str:
                             if port else "")
                          + ((f" {r['ort_exact_ms']:.3f} | {r['ratio_exact']:.2f} |"
                              if "ort_exact_ms" in r else " | |") if exact else ""))
+    cells = {(r["model"], r["precision"], r["threads"]): r for r in result["latency"]}
+    pairs = [(r, cells[r["model"], r["precision"], 2]) for r in result["latency"]
+             if r["threads"] == 1 and (r["model"], r["precision"], 2) in cells]
+    if pairs:
+        lines += ["", "2 threads over 1 thread (latency ratio; above 1: the second thread hurts):",
+                  "", "| model | precision | pocket | onnxruntime |", "|---|---|---:|---:|"]
+        for one, two in pairs:
+            lines.append(f"| {one['model']} | {one['precision']} | "
+                         f"{two['pocket_ms'] / one['pocket_ms']:.2f} | "
+                         f"{two['ort_ms'] / one['ort_ms']:.2f} |")
     if result["icount"]:
         lines += ["", "Guest instructions per inference on the emulated Pi (one thread):", "",
                   "| Pi | model | precision | pocket | onnxruntime | ratio |",
@@ -374,6 +389,8 @@ def main() -> None:
     ap.add_argument("--icount-timeout", type=int, default=7200)
     ap.add_argument("--split", action="store_true", help="with --icount: pocket's instructions "
                     "per kernel as well (one more warm call, a marker before each kernel)")
+    ap.add_argument("--load", type=int, default=0,
+                    help="busy processes running beside the timed ones (default 0)")
     ap.add_argument("--out", default="edge", help="results name: bench/results/NAME.{json,md}")
     ap.add_argument("--worker", choices=("pocket", "onnxruntime", "ort_exact"), help=argparse.SUPPRESS)
     ap.add_argument("--file", help=argparse.SUPPRESS)
@@ -394,16 +411,23 @@ def main() -> None:
         ap.error("--icount takes pi4, pi5 or both")
     result = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
                          f"{platform.python_version()}", "load_before": _load(),
-              "repeats": args.repeats, "latency": [], "icount": [], "export_s": {}}
+              "repeats": args.repeats, "latency": [], "icount": [], "export_s": {},
+              "load": args.load}
     files = {name: build(name) for name in names}  # outside the timed workers
     for name in names:
         sidecar = MODELS_DIR / f"{name}.export_times.json"
         if sidecar.exists():
             result["export_s"][name] = json.loads(sidecar.read_text())
     if not pis or args.latency:
-        for t in (int(t) for t in args.threads.split(",")):
-            for name in names:
-                result["latency"] += latency(args, name, files[name], t)
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(args.load)]
+        try:
+            for t in (int(t) for t in args.threads.split(",")):
+                for name in names:
+                    result["latency"] += latency(args, name, files[name], t)
+        finally:
+            for p in busy:
+                p.kill()
     for pi in pis:
         for name in names:
             result["icount"] += icount(pi, name, files[name], args.precisions,

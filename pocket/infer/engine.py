@@ -35,7 +35,10 @@ validates the graph, rejects every unsupported op in one error, and plans:
   EngineError naming the node, the route and why;
 - for each batch size seen, the bound calls (kernels with their views) are built once and
   cached, so `run()` after the first call of a batch size allocates no arrays; calls with
-  little work (batch 1, small layers) run on the calling thread alone (see _PARALLEL_WORK).
+  little work (batch 1, small layers) run on the calling thread alone (see _PARALLEL_WORK);
+- an engine of 2+ threads times its calls and runs a plan all on the calling thread while
+  that measures faster (a busy machine: pools.Pace, `mode()`), the same bytes either way;
+  `adaptive_threads=False` or POCKET_ADAPTIVE_THREADS=0 keeps the split.
 
 `Engine(path, interpret_first=True)` defers all of that (and importing Numba, ~0.4 s) and
 answers batches of up to _INTERPRET_ROWS from formats/reference.py until its calls have taken
@@ -65,6 +68,7 @@ import numpy as np
 from pocket.formats import ops
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Graph, ValueInfo
+from pocket.infer import pools
 from pocket.infer.plan import ALIGN, Cpu, EngineError, PlanContext, import_numba_math
 from pocket.infer.plan import NP_DTYPES as _NP
 from pocket.infer.plan import Region as _Buffer
@@ -80,20 +84,12 @@ __all__ = ["ALIGN", "ALIAS_OPS", "SUPPORTED_OPS", "Engine", "EngineError"]
 # cnn_cifar int8 serial (packing by table, the 4x4 GEMMs): at 1 << 21 its batch 1 on two
 # threads went 757 -> 688 us; the other reference models within noise.
 _PARALLEL_WORK = 1 << 21
-# A plan whose BLAS GEMMs are mostly small (see _blas_small) runs them on the calling thread
+# A plan whose BLAS GEMMs are mostly small (see pools.blas_small) runs them on the calling thread
 # alone, BLAS's pool pinned to one thread, and lets OpenMP's threads spin between its Numba
 # kernels; those then split from this much work (a wake-up of a spinning thread costs ~1 us).
 # On a 2-core AMD Zen 2, 2 threads, interleaved A/B: MobileNetV2-0.5 2.23 -> 1.82 ms,
 # EfficientNet-B0 22.4 -> 18.5 ms; with BLAS's own pool of 2 they ran no faster than 1 thread
 _PARALLEL_WORK_PINNED = 1 << 17
-# GEMMs of this many multiply-adds a sample gain from BLAS's own threads (ResNet-18's 3x3 convs
-# at 1 thread 52 ms, 2: 43 ms; pinned: 46)
-_BIG_GEMM = 1 << 24
-# Where OpenMP's threads spin between kernels (see _spin_if_no_blas) a wake-up costs a few
-# µs, not tens, and an element-wise kernel counts this much more work per element (cnn_cifar
-# fp32 batch 1, 2 threads: im2col and the Winograd transforms of 50-130 µs each ran on one
-# core). The GEMMs keep their own measure: int8 VNNI tiles of ~10 µs lost when split.
-_SPIN_ELEMENT_WORK = 64
 # An engine made with interpret_first answers with the reference interpreter
 # (formats/reference.py: NumPy only, the definition the kernels match) until its calls have
 # taken this long in all, then plans and switches to the kernels for good.
@@ -116,6 +112,13 @@ class _Bound:
     # the direct calls around the fed one: (calls before, its function, its arguments before
     # and after the input, calls after), for run()'s common path
     fed_split: tuple | None = None
+    steps: list[int] = field(default_factory=list)  # the graph step of each call
+    splits: bool = False  # some call splits its work across the threads
+    # a plan of 2+ threads with work to split: the same calls on the calling thread alone,
+    # and the choice between the two ways (pools.Pace)
+    solo: _Bound | None = None
+    pace: pools.Pace | None = None
+    to_solo: list[int] = field(default_factory=list)  # see Engine._solo_twin
 
 
 def _per_sample(info: ValueInfo, where: str) -> tuple[int, ...]:
@@ -129,7 +132,7 @@ class Engine:
     """Runs one model container. See the module docstring for the memory rules."""
 
     def __init__(self, path_or_container, *, threads: int | None = None, max_batch: int = 64,
-                 interpret_first: bool = False):
+                 interpret_first: bool = False, adaptive_threads: bool | None = None):
         if isinstance(path_or_container, str | os.PathLike):
             from pocket.formats.container import read_container
 
@@ -157,7 +160,10 @@ class Engine:
         self._params = {name: self._container.tensors[name] for name in graph.params}
         self._sample = {v: _per_sample(info, f"value '{v}'") for v, info in self._infos.items()
                         if v not in graph.params}
-        self._want_threads = _check_threads(threads)
+        self._want_threads = pools.check_threads(threads)
+        if adaptive_threads is None:
+            adaptive_threads = os.environ.get("POCKET_ADAPTIVE_THREADS", "1") != "0"
+        self._adaptive = adaptive_threads
         self._bound: dict[int, _Bound] = {}
         self._planned = False
         self._interpret_left = _INTERPRET_SECONDS if interpret_first else 0.0
@@ -174,7 +180,7 @@ class Engine:
         from pocket.infer import routes
         from pocket.infer.lowering import PREPARE, chained_linears, fusable_pools, no_prep, padded_pairs
 
-        self._spinning, self._pinned = _spin_policy(self.graph, self._sample, self._want_threads)
+        self._spinning, self._pinned = pools.spin_policy(self.graph, self._sample, self._want_threads)
         ctx = self._ctx = PlanContext(
             self.graph, self._params, self._sample, self._infos, self._container.quant, self.max_batch,
             threads=1, cpu=Cpu.host(), forced=routes.forced_routes(), readers=self.readers(),
@@ -273,7 +279,7 @@ class Engine:
 
     def set_threads(self, threads: int | None) -> None:
         """Numba's (and, with threadpoolctl, BLAS's) thread count; None keeps the current one."""
-        self._want_threads = _check_threads(threads)
+        self._want_threads = pools.check_threads(threads)
         if self._planned:
             self._apply_threads()
 
@@ -284,29 +290,45 @@ class Engine:
         if threads is not None:
             numba.set_num_threads(threads)
         self._threads = numba.get_num_threads()
+        self._set_numba_threads = numba.set_num_threads
         if self._ctx is not None:
             self._ctx.threads = self._threads
         self._bound = {}  # the plans' serial/parallel switches depend on the thread count
         # NOTE: threads=1 sets BLAS's pool too: left alone, OpenBLAS ran on every core under a
         # 1-thread engine (a busy neighbour process made a portable MobileNetV2 call's mean
         # 2.3x its median); the per-call switching (_serial) is for engines of 2+ threads
-        blas = _blas_controllers() if threads is not None or self._threads > 1 or self._pinned else []
+        blas = pools.blas_controllers() if threads is not None or self._threads > 1 or self._pinned else []
         for c in blas:
             if self._pinned:
                 c.set_num_threads(1)
             elif threads is not None:
                 c.set_num_threads(threads)
-        self._blas = ([(_blas_setter(c), c.num_threads) for c in blas]
+        self._blas = ([(pools.blas_setter(c), c.num_threads) for c in blas]
                       if self._threads > 1 and not self._pinned else [])
 
     def _parallel(self, work: int) -> bool:
-        """Whether a call of this much work (see _call_work) runs on the thread pool."""
+        """Whether a call of this much work (see pools.call_work) runs on the thread pool."""
         return self._threads > 1 and work >= (_PARALLEL_WORK_PINNED if self._pinned else _PARALLEL_WORK)
 
     def _serial(self, on: bool) -> None:
         """A step of a bound plan: BLAS on the calling thread alone, or on its full pool again."""
         for set_num_threads, k in self._blas:
             set_num_threads(1 if on else k)
+
+    def _solo(self, on: bool) -> None:
+        """The first and last step of a solo call (see pools.Pace): Numba's pool and BLAS's on
+        the calling thread alone, or back to the engine's threads."""
+        self._set_numba_threads(1 if on else self._threads)
+        self._serial(on)
+
+    def mode(self, n: int = 1) -> str:
+        """How batch size n's calls run now: 'team' (large kernels split across the threads),
+        'solo' (all on the calling thread: it measured faster, a busy machine), or 'serial'
+        (nothing to split: 1 thread or small kernels only; or n not run yet)."""
+        bound = self._bound.get(n)
+        if bound is None or not bound.splits:
+            return "serial"
+        return "solo" if bound.pace is not None and bound.pace.solo else "team"
 
     # ---- planning
 
@@ -436,7 +458,7 @@ class Engine:
                     # more on a loaded machine): a small call runs on the calling thread alone,
                     # a Numba kernel as its serial twin (see jit.py), a BLAS call with BLAS's
                     # pool shrunk to one thread around it.
-                    small = not self._parallel(_call_work(call, self._spinning))
+                    small = not self._parallel(pools.call_work(call, self._spinning))
                     twin = getattr(call.func, "serial", None)
                     if twin is not None:
                         call = partial(twin, *call.args, **call.keywords) if small else call
@@ -448,8 +470,32 @@ class Engine:
             if in_serial:
                 bound.calls.append(partial(self._serial, False))
             bound.feed = self._feed(bound, steps)
+            bound.steps = steps
+            bound.splits = self._threads > 1 and any(
+                getattr(c.func, "serial", None) is not None or (c.func is np.matmul and self._blas)
+                for c in bound.calls)
+            if bound.splits and self._adaptive:
+                bound.solo, bound.pace = self._solo_twin(bound), pools.Pace()
             self._bound[n] = bound
         return bound
+
+    def _solo_twin(self, bound: _Bound) -> _Bound:
+        """The bound plan's calls on the calling thread alone: the parallel kernels on a pool of
+        one (the same kernels on the same parts, so the same bytes out), no BLAS switches,
+        between two calls that shrink both pools to one thread and restore them."""
+        calls, steps = [partial(self._solo, True)], [0]
+        bound.to_solo = []  # the index in the solo calls of what follows each team call
+        for i, call in enumerate(bound.calls):
+            if call.func != self._serial:
+                calls.append(call)
+                steps.append(bound.steps[i] if i < len(bound.steps) else len(self.graph.nodes))
+            bound.to_solo.append(len(calls))
+        solo = _Bound(bound.inputs, bound.outputs, calls + [partial(self._solo, False)],
+                      serial_steps=True)
+        solo.feed, solo.steps = self._feed(solo, steps), steps
+        if solo.feed is None:  # (the same argument as the team's: never seen to differ)
+            bound.feed = None
+        return solo
 
     def _feed(self, bound: _Bound, steps: list[int]) -> tuple | None:
         """Where a single input is read: (call, argument, shape) if exactly one argument of the
@@ -484,27 +530,37 @@ class Engine:
                 and x.shape[1:] == fast[1] and 0 < x.shape[0] <= self.max_batch):
             bound = self._bound.get(x.shape[0])
             if bound is not None and bound.direct:
-                feed, flags = bound.feed, x.flags
-                if feed is not None and flags.c_contiguous and flags.aligned and flags.writeable:
-                    # NOTE: the one call that reads the input reads x itself (the same type
-                    # for its compiled kernel: dtype, C order, writeable): no copy into the
-                    # arena (mlp int8 batch 64: 5.5 us of 86)
-                    split = bound.fed_split
-                    if split is None:
-                        self._run_calls(bound, (feed[0], feed[1], x.reshape(feed[2])))
-                    else:  # (~0.5 us less than _run_calls' general loop)
-                        for call in split[0]:
-                            call()
-                        split[1](*split[2], x.reshape(feed[2]), *split[3])
-                        for call in split[4]:
-                            call()
+                if bound.pace is None:
+                    self._run_fed(bound, x)
+                elif bound.feed is not None and _feedable(x):
+                    self._paced(bound, x.reshape(bound.feed[2]))
                 else:
                     np.copyto(bound.inputs[self.input_name], x)
-                    self._run_calls(bound)
+                    self._paced(bound, None)
                 return bound.outputs[0].copy() if copy else bound.outputs[0]
         if len(self.graph.outputs) != 1:
             raise EngineError(f"the model has {len(self.graph.outputs)} outputs; use run_all()")
         return self.run_all(x, copy=copy)[self.graph.outputs[0]]
+
+    def _run_fed(self, bound: _Bound, x: np.ndarray) -> None:
+        """run()'s common path: x's dtype and per-sample shape checked, bound direct."""
+        feed = bound.feed
+        if feed is not None and _feedable(x):
+            # NOTE: the one call that reads the input reads x itself (the same type for its
+            # compiled kernel: dtype, C order, writeable): no copy into the arena (mlp int8
+            # batch 64: 5.5 us of 86)
+            split = bound.fed_split
+            if split is None:
+                self._run_calls(bound, (feed[0], feed[1], x.reshape(feed[2])))
+            else:  # (~0.5 us less than _run_calls' general loop)
+                for call in split[0]:
+                    call()
+                split[1](*split[2], x.reshape(feed[2]), *split[3])
+                for call in split[4]:
+                    call()
+        else:
+            np.copyto(bound.inputs[self.input_name], x)
+            self._run_calls(bound)
 
     def run_all(self, x, *, copy: bool = False) -> dict[str, np.ndarray]:
         """x: one array (single-input model) or {input name: array} -> {output name: array}."""
@@ -568,16 +624,36 @@ class Engine:
             np.copyto(dst, xs[name][rows], casting="same_kind")
         if not bound.direct:
             self._run_calls(bound)  # compiles (or loads) the kernels on the first call
-            bound.calls, bound.direct = [_direct(c) for c in bound.calls], True
-            if bound.feed is not None and not bound.serial_steps:
-                at, arg, _ = bound.feed
-                fed = bound.calls[at]
-                # (a BLAS call takes its output as a keyword: np.matmul(x, w, out=y))
-                func = partial(fed.func, **fed.keywords) if fed.keywords else fed.func
-                bound.fed_split = (bound.calls[:at], func, fed.args[:arg], fed.args[arg + 1:],
-                                   bound.calls[at + 1:])
+            for b in (bound, bound.solo) if bound.solo is not None else (bound,):
+                _make_direct(b)
             return
-        self._run_calls(bound)
+        if bound.pace is None:
+            self._run_calls(bound)
+        else:
+            self._paced(bound, None)
+
+    def _paced(self, bound: _Bound, x: np.ndarray | None) -> None:
+        """One call of a plan with a Pace: solo, or as a team until its deadline and solo from
+        there (see pools.Pace). x: the input, shaped for the call that reads it in place
+        (see _feed), or None when it is in the arena already."""
+        pace, solo = bound.pace, bound.solo
+        t = time.perf_counter()
+        if pace.next_solo():
+            self._run_calls(solo, None if x is None else (solo.feed[0], solo.feed[1], x))
+            pace.took(True, time.perf_counter() - t)
+            return
+        fed = None if x is None else (bound.feed[0], bound.feed[1], x)
+        try:
+            stop = _call_until(bound.calls, fed, t + pace.deadline())
+            if stop >= 0:  # the rest on the calling thread alone
+                at = bound.to_solo[stop]
+                self._solo(True)
+                _call_all(solo.calls[at:], None if x is None or solo.feed[0] < at
+                          else (solo.feed[0] - at, solo.feed[1], x))
+        except BaseException:
+            self._solo(False)
+            raise
+        pace.took(False, time.perf_counter() - t if stop < 0 else math.inf)
 
     def _run_calls(self, bound: _Bound, fed: tuple | None = None) -> None:
         """Make the bound calls; with fed = (call, argument, array), that call takes the array
@@ -588,7 +664,7 @@ class Engine:
         try:
             _call_all(bound.calls, fed)
         except BaseException:
-            self._serial(False)
+            self._solo(False)  # both pools back to the engine's threads
             raise
 
     def bind(self, n: int) -> None:
@@ -648,100 +724,6 @@ def _alloc_arena(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-def _spin_policy(graph: Graph, sample: dict, threads: int | None) -> tuple[bool, bool]:
-    """(whether OpenMP's threads spin between the plan's kernels, whether its BLAS calls run on
-    one thread, BLAS's pool pinned): _spin_if_no_blas's plans spin; so does a plan with mostly
-    small GEMMs (_blas_small) on 2+ threads where threadpoolctl can pin BLAS's pool, its GEMMs
-    then on the calling thread. Otherwise BLAS keeps its pool (Engine._serial).
-
-    NOTE: BLAS's own pool never runs beside spinning OpenMP threads, which starve it: where they
-    spin (for this plan, an earlier one of the process, or the user's OMP settings) a plan with
-    BLAS calls pins its pool to one thread, large GEMMs and all."""
-    if _spin_if_no_blas(graph):
-        return True, False
-    top = threads if threads is not None else _default_threads()
-    if top < 2 or not _blas_controllers():
-        return False, False
-    if _blas_small(graph, sample):
-        _let_omp_spin()
-    spinning = _omp_spins()
-    return spinning, spinning
-
-
-def _let_omp_spin() -> None:
-    """GOMP_SPINCOUNT=100000, unless the user set it or a wait policy (see _spin_if_no_blas)."""
-    if "GOMP_SPINCOUNT" not in os.environ and os.environ.get(
-            "OMP_WAIT_POLICY", "PASSIVE").upper() == "PASSIVE":
-        os.environ["GOMP_SPINCOUNT"] = "100000"
-
-
-def _omp_spins() -> bool:
-    """Whether OpenMP's idle threads spin (GOMP_SPINCOUNT or OMP_WAIT_POLICY=ACTIVE)."""
-    return (os.environ.get("GOMP_SPINCOUNT", "") not in ("", "0")
-            or os.environ.get("OMP_WAIT_POLICY", "").upper() == "ACTIVE")
-
-
-def _default_threads() -> int:
-    """Numba's default pool size (without starting the pool)."""
-    import numba
-
-    return numba.config.NUMBA_NUM_THREADS
-
-
-def _blas_small(graph: Graph, sample: dict) -> bool:
-    """Whether GEMMs of _BIG_GEMM or more multiply-adds a sample hold under half of the plan's
-    conv and linear multiply-adds (depthwise and grouped convs, which never take BLAS, apart):
-    the MobileNets, ShuffleNetV2 and EfficientNet-B0 (0-22%), not ResNet-18 (98%) or SqueezeNet
-    (74%), whose large GEMMs gain more from BLAS's threads than the small kernels lose."""
-    sizes = []
-    for n in graph.nodes:
-        if n.op == "conv2d" and n.attrs.get("groups", 1) == 1:
-            o, ho, wo = sample[n.outputs[0]]
-            w = graph.params[n.inputs[1]]
-            sizes.append(o * ho * wo * math.prod(w.shape[1:]))
-        elif n.op == "linear":
-            o, k = graph.params[n.inputs[1]].shape
-            sizes.append(o * k * math.prod(sample[n.inputs[0]][:-1]))
-    total = sum(sizes)
-    return total > 0 and sum(m for m in sizes if m >= _BIG_GEMM) < total / 2
-
-
-def _spin_if_no_blas(graph: Graph) -> bool:
-    """Let OpenMP threads spin ~0.1-1 ms between kernels when no BLAS call will run beside them.
-
-    NOTE: pocket.infer makes OpenMP wait passively (see __init__): spinning threads of Numba's
-    pool starve OpenBLAS's between the im2col and GEMM of every fp32 conv. A plan of Numba
-    kernels only (int8 on AVX-512 VNNI, fp32 on AVX-512) has no such neighbour, and there
-    waking sleeping threads for each of a batch-1 plan's small kernels made 2 threads slower than 1
-    (cnn_cifar int8: 1.45 ms vs 1.28; spinning: 0.94 ms). On a VM a parked vCPU took ~40 µs to
-    wake: 10000 spins (~0.1 ms) still let it park between a batch-1 plan's parallel GEMMs
-    (100000: 3.5 µs a wake-up, measured). libgomp reads GOMP_SPINCOUNT when
-    Numba first starts its pool, so this only acts before the process's first parallel
-    kernel, and never against the user's own setting. True when the plan's threads spin.
-    """
-    from pocket.infer import kernels_fma as kfma
-    from pocket.infer import kernels_vnni as kv
-
-    blas = any(n.op in ("conv2d", "linear") and not (kv.AVAILABLE if "x_scale" in n.attrs else
-                                                     kfma.AVAILABLE) for n in graph.nodes)
-    if not blas:
-        _let_omp_spin()
-    return not blas and _omp_spins()
-
-
-def _check_threads(threads: int | None) -> int | None:
-    """Validate a thread count without importing Numba (its default pool size is the CPUs
-    this process may use, or NUMBA_NUM_THREADS)."""
-    if threads is None:
-        return None
-    env = os.environ.get("NUMBA_NUM_THREADS", "")
-    top = int(env) if env.isdigit() else len(os.sched_getaffinity(0)) if hasattr(
-        os, "sched_getaffinity") else os.cpu_count() or 1
-    if not 1 <= threads <= top:
-        raise EngineError(f"threads must be between 1 and {top}, got {threads}")
-    return threads
-
-
 def _call_all(calls: list, fed: tuple | None) -> None:
     at = -1 if fed is None else fed[0]
     for i, call in enumerate(calls):
@@ -750,6 +732,39 @@ def _call_all(calls: list, fed: tuple | None) -> None:
             call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:], **call.keywords)
         else:
             call()
+
+
+def _feedable(x: np.ndarray) -> bool:
+    """Whether a kernel may read x in place of its arena input (see Engine._feed)."""
+    flags = x.flags
+    return flags.c_contiguous and flags.aligned and flags.writeable
+
+
+def _call_until(calls: list, fed: tuple | None, deadline: float) -> int:
+    """_call_all, checking the clock after each call: -1 when all ran, else the index of the
+    last call that ran once time.perf_counter() passed the deadline (not the last call)."""
+    at, last, clock = -1 if fed is None else fed[0], len(calls) - 1, time.perf_counter
+    for i, call in enumerate(calls):
+        if i == at:
+            args = call.args
+            call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:], **call.keywords)
+        else:
+            call()
+        if i < last and clock() > deadline:
+            return i
+    return -1
+
+
+def _make_direct(bound: _Bound) -> None:
+    """Bind a plan's calls to their compiled entry points (its kernels compiled or loaded)."""
+    bound.calls, bound.direct = [_direct(c) for c in bound.calls], True
+    if bound.feed is not None and not bound.serial_steps:
+        at, arg, _ = bound.feed
+        fed = bound.calls[at]
+        # (a BLAS call takes its output as a keyword: np.matmul(x, w, out=y))
+        func = partial(fed.func, **fed.keywords) if fed.keywords else fed.func
+        bound.fed_split = (bound.calls[:at], func, fed.args[:arg], fed.args[arg + 1:],
+                           bound.calls[at + 1:])
 
 
 def _direct(call: partial) -> partial:
@@ -763,74 +778,6 @@ def _direct(call: partial) -> partial:
         return call
     cres = f.overloads.get(tuple(f.typeof_pyval(a) for a in call.args))
     return partial(cres.entry_point, *call.args) if cres is not None else call
-
-
-def _call_work(call: partial, spinning: bool = False) -> int:
-    """A bound call's work, for the serial/parallel choice (see _PARALLEL_WORK)."""
-    from pocket.infer import kernels_fma as kfma
-    from pocket.infer import kernels_fma_winograd as kfw
-    from pocket.infer import kernels_fp32 as kf
-    from pocket.infer import kernels_int8 as ki
-    from pocket.infer import kernels_pw as kp
-    from pocket.infer import kernels_vnni as kv
-
-    if call.func is np.matmul:
-        return call.keywords["out"].size * call.args[0].shape[-1]
-    if call.func is kp.pw_conv or call.func is kp.pw_conv_q:  # out (N, O, P), x (N, K, P)
-        return call.args[0].size * call.args[1].shape[1]
-    # NOTE: a VNNI multiply-add costs about a quarter of a float32 one
-    if call.func is kv.gemm_cols:
-        return call.args[0].size * call.args[2].shape[0]
-    # NOTE: counted 4x: its items split evenly and it runs in plans without BLAS, where the
-    # pool spins between kernels; from ~1M multiply-adds (~12 µs) two threads win (measured,
-    # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
-    if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
-        return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
-    if call.func is kfma.gemm_t:  # one GEMM of (o, K) @ (K, m)
-        return 4 * call.args[5] * call.args[6] * call.args[4].shape[0]
-    if call.func is kfma.gemm_pixels:  # one GEMM of (o, K) @ (K, m)
-        return 4 * call.args[4] * call.args[5] * call.args[3].shape[0]
-    if call.func is kfma.gemm_rows:  # the same (the transposes counted in)
-        return 4 * call.args[5] * call.args[6] * call.args[4].shape[0]
-    if call.func is kfma.gemm_pool2_pitch:  # the same, and the pooled epilogue
-        return 4 * call.args[5] * call.args[6] * call.args[7] * call.args[4].shape[0]
-    if call.func is kfw.fused_conv:  # its 16 GEMMs of (O, C) @ (C, tiles), as kfma.gemm's
-        out, x, _, _, _, _, _, th, tw = call.args[:9]
-        return 4 * 16 * out.shape[1] * x.shape[1] * x.shape[0] * th * tw
-    if call.func is kfma.gemv:  # memory-bound: two cores read the weights twice as fast
-        return 16 * call.args[0].size * call.args[1].shape[1]
-    if call.func is kv.gemm_rows:
-        return call.args[0].size * call.args[2].shape[1] // 4
-    per_element = _SPIN_ELEMENT_WORK if spinning else 16
-    size = max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)
-    # NOTE: im2col pays a row's bookkeeping every few elements on small maps (~1 ns an
-    # element on 4x4 maps): counted 4x (cnn_cifar fp32 batch 1, 2 threads: 43 -> 19 us a call)
-    if call.func is kf.im2col or call.func is kf.im2col_same:
-        return 4 * per_element * size
-    # (kernels_fma's im2col_same, a vector at a time and 2-4x faster, counts as any other)
-    # NOTE: quantizing is a cheap stream: split across cores, its output lands in both
-    # caches and the (serial) packing after it pays more than the split saved; counted as in
-    # a plan whose pool sleeps (mlp int8 batch 64, 2 threads: 96 -> 80 us)
-    if call.func is ki.quantize:
-        return 16 * size
-    return per_element * size
-
-
-def _blas_controllers() -> list:
-    """threadpoolctl's handles on the loaded BLAS libraries, or [] without threadpoolctl."""
-    try:  # optional: without it BLAS keeps its own pool, sized by the env vars
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        return []
-    return list(ThreadpoolController().select(user_api="blas").lib_controllers)
-
-
-def _blas_setter(c):
-    """The C function that sets an OpenBLAS pool's size: threadpoolctl's wrapper allocates a
-    little on every call, which run() must not; other BLAS libraries go through the wrapper."""
-    get = getattr(c, "_get_symbol", None)
-    f = get("openblas_set_num_threads") if get and c.internal_api == "openblas" else None
-    return f if f is not None else c.set_num_threads
 
 
 def _assign_offsets(buffers: list[_Buffer]) -> int:

@@ -17,7 +17,7 @@ from pocket.formats import reference as ref
 from pocket.formats.container import read_container
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Graph
-from pocket.infer import Engine, EngineError, lowering
+from pocket.infer import Engine, EngineError, lowering, pools
 from pocket.infer import engine as engine_mod
 
 
@@ -171,10 +171,10 @@ class _FakeBlas:
 def test_threads_size_the_blas_pool(mnist, monkeypatch, threads):
     """With threadpoolctl, `threads` sets BLAS's pool as well, 1 included (left alone, a
     1-thread engine ran OpenBLAS on every core); None leaves it as it was; a plan of small
-    GEMMs on 2+ threads pins it to 1 (engine._spin_policy)."""
+    GEMMs on 2+ threads pins it to 1 (pools.spin_policy)."""
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)  # restored after the test
     fake = _FakeBlas()
-    monkeypatch.setattr(engine_mod, "_blas_controllers", lambda: [fake])
+    monkeypatch.setattr(pools, "blas_controllers", lambda: [fake])
     with Engine(mnist["path"], threads=threads) as eng:
         eng.warmup()
         if eng._pinned:
@@ -197,18 +197,18 @@ def test_blas_small_tells_small_gemm_plans_from_large_ones():
     keeps BLAS's pool; a plan with neither conv nor linear has nothing to pin."""
     rng = np.random.default_rng(5)
     g, _ = cnn_mnist(rng)
-    assert engine_mod._blas_small(g, {v: i.shape[1:] for v, i in g.validate().items()})
+    assert pools.blas_small(g, {v: i.shape[1:] for v, i in g.validate().items()})
     b = Builder((64, 56, 56), rng)
     b.conv(64, 64, 3, padding=[1, 1], activation="relu")
     b.op("global_avgpool")
     b.op("flatten")
     b.linear(64, 10)
     big = b.graph({"task": "classification"})
-    assert not engine_mod._blas_small(big, {v: i.shape[1:] for v, i in big.validate().items()})
+    assert not pools.blas_small(big, {v: i.shape[1:] for v, i in big.validate().items()})
     b = Builder((8,), rng)
     b.op("relu")
     g = b.graph({})
-    assert not engine_mod._blas_small(g, {v: i.shape[1:] for v, i in g.validate().items()})
+    assert not pools.blas_small(g, {v: i.shape[1:] for v, i in g.validate().items()})
 
 
 def test_spinning_openmp_pins_blas_for_large_plans_too(monkeypatch, tmp_path):
@@ -216,8 +216,8 @@ def test_spinning_openmp_pins_blas_for_large_plans_too(monkeypatch, tmp_path):
     well (its threads would compete with the spinning ones), on 2 threads; without spinning it
     keeps the pool."""
     fake = _FakeBlas()
-    monkeypatch.setattr(engine_mod, "_blas_controllers", lambda: [fake])
-    monkeypatch.setattr(engine_mod, "_spin_if_no_blas", lambda graph: False)
+    monkeypatch.setattr(pools, "blas_controllers", lambda: [fake])
+    monkeypatch.setattr(pools, "spin_if_no_blas", lambda graph: False)
     rng = np.random.default_rng(6)
     b = Builder((64, 56, 56), rng)
     b.conv(64, 64, 3, padding=[1, 1], activation="relu")
@@ -226,11 +226,11 @@ def test_spinning_openmp_pins_blas_for_large_plans_too(monkeypatch, tmp_path):
     sample = {v: i.shape[1:] for v, i in g.validate().items()}
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert engine_mod._spin_policy(g, sample, 2) == (False, False)
+    assert pools.spin_policy(g, sample, 2) == (False, False)
     assert "GOMP_SPINCOUNT" not in os.environ  # large GEMMs: nothing set
     monkeypatch.setenv("GOMP_SPINCOUNT", "100000")
-    assert engine_mod._spin_policy(g, sample, 2) == (True, True)
-    assert engine_mod._spin_policy(g, sample, 1) == (False, False)
+    assert pools.spin_policy(g, sample, 2) == (True, True)
+    assert pools.spin_policy(g, sample, 1) == (False, False)
 
 
 def test_import_pulls_in_no_heavy_modules():

@@ -1,0 +1,173 @@
+"""pools.Pace (team or solo, call by call) and the engine's two ways of running a plan: the
+choice follows the times it is given, and both ways (and a team call that finishes solo) write
+the same bytes."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+from models import cnn_mnist, quantize_sequential, save_model
+
+from pocket.formats import reference as ref
+from pocket.formats.container import read_container
+from pocket.infer import Engine, pools
+from pocket.infer import engine as engine_mod
+
+
+def drive(pace: pools.Pace, team: float, solo: float, calls: int) -> list[bool]:
+    """Make `calls` calls whose team and solo ways take these times; the ways they took."""
+    ways = []
+    for _ in range(calls):
+        way = pace.next_solo()
+        ways.append(way)
+        took = team if not way else solo
+        if not way and took > pace.deadline():  # a team call past its deadline finishes solo
+            took = float("inf")
+        pace.took(way, took)
+    return ways
+
+
+def test_pace_keeps_the_team_while_it_is_faster():
+    pace = pools.Pace()
+    ways = drive(pace, 1.0, 1.8, 1000)
+    assert not pace.solo
+    probes = [i for i, w in enumerate(ways) if w]
+    # the first probe at the second call, then gaps doubling to the cap
+    assert probes[0] == 1 and len(probes) <= 9, probes
+    assert np.diff(probes).max() == pools._PROBE_MAX
+
+
+def test_pace_goes_solo_under_load_and_back_when_it_ends():
+    pace = pools.Pace()
+    drive(pace, 1.0, 1.8, 2000)  # the gap at its cap
+    drive(pace, 3.0, 1.8, pools._SLOWER_RUN + 2)  # a neighbour starts: probed at once
+    assert pace.solo
+    ways = drive(pace, 3.0, 1.8, 1000)
+    assert sum(not w for w in ways) <= 9  # team probes only, their gap doubling
+    assert pace.deadline() == pools._DEADLINE * 1.8
+    ways = drive(pace, 1.0, 1.8, 200)  # the neighbour stops: probes that win look again soon
+    assert not pace.solo
+    first = ways.index(False)  # the first team probe; three that win switch back
+    switched = next(i for i in range(len(ways)) if not any(ways[i:i + pools._PROBE_MIN]))
+    assert switched <= first + 2 * pools._PROBE_MIN + 1, (first, switched)
+
+
+def test_pace_needs_a_clear_win_to_switch():
+    """Within _SWITCH of each other, the ways do not flip back and forth."""
+    pace = pools.Pace()
+    drive(pace, 1.0, 0.95, 500)
+    assert not pace.solo
+    pace = pools.Pace()
+    drive(pace, 1.0, 0.85, 50)
+    assert pace.solo
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory):
+    rng = np.random.default_rng(11)
+    g, p = cnn_mnist(rng)
+    x = rng.random((6, 1, 28, 28), dtype=np.float32)
+    d = tmp_path_factory.mktemp("pace")
+    gq, pq, qq = quantize_sequential(g, p, x)
+    return {"fp32": save_model(d / "cnn.bin", g, p), "int8": save_model(d / "cnn8.bin", gq, pq, qq),
+            "x": x}
+
+
+def _two_threads():
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 Numba threads")
+    return numba
+
+
+def _force(bound, solo: bool) -> None:
+    bound.pace.solo, bound.pace._left = solo, 1 << 30
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_team_solo_and_finishing_solo_write_the_same_bytes(cnn, precision, monkeypatch):
+    numba = _two_threads()
+    # every kernel splits on a team call
+    monkeypatch.setattr(engine_mod, "_PARALLEL_WORK", 0)
+    monkeypatch.setattr(engine_mod, "_PARALLEL_WORK_PINNED", 0)
+    x = cnn["x"]
+    with Engine(cnn[precision], threads=2, max_batch=8) as eng, read_container(cnn[precision]) as c:
+        want = ref.run_container(c, x)[c.graph.outputs[0]]
+        eng.run(x)
+        bound = eng._bound[len(x)]
+        assert bound.pace is not None and eng.mode(len(x)) == "team"
+        _force(bound, False)
+        team = eng.run(x, copy=True)
+        _force(bound, True)
+        solo = eng.run(x, copy=True)
+        assert eng.mode(len(x)) == "solo" and numba.get_num_threads() == 2
+        np.testing.assert_array_equal(solo, team)
+        # a team call past its deadline after any of its calls finishes solo
+        for stop in range(len(bound.calls) - 1):
+            _force(bound, False)
+            monkeypatch.setattr(engine_mod, "_call_until", partial(_stop_at, stop))
+            late = eng.run(x, copy=True)
+            np.testing.assert_array_equal(late, team, err_msg=f"finished solo after call {stop}")
+            assert numba.get_num_threads() == 2
+        monkeypatch.undo()
+        # the input read in place, copied into the arena (not C-ordered), and through run_all
+        fortran = np.asfortranarray(x)
+        for way in (False, True):
+            _force(bound, way)
+            np.testing.assert_array_equal(eng.run(fortran), team)
+            _force(bound, way)
+            np.testing.assert_array_equal(eng.run_all(x)[eng.graph.outputs[0]], team)
+        tol = 0 if precision == "int8" else 1e-5
+        np.testing.assert_allclose(team, want, rtol=tol, atol=tol)
+
+
+def _stop_at(stop, calls, fed, deadline):
+    """engine._call_until with a deadline that passes right after call `stop`."""
+    at = -1 if fed is None else fed[0]
+    for i, call in enumerate(calls[:stop + 1]):
+        if i == at:
+            call.func(*call.args[:fed[1]], fed[2], *call.args[fed[1] + 1:], **call.keywords)
+        else:
+            call()
+    return stop
+
+
+def test_an_error_in_a_solo_call_restores_the_threads(cnn, monkeypatch):
+    numba = _two_threads()
+    monkeypatch.setattr(engine_mod, "_PARALLEL_WORK", 0)
+    with Engine(cnn["fp32"], threads=2, max_batch=8) as eng:
+        eng.run(cnn["x"])
+        bound = eng._bound[len(cnn["x"])]
+
+        def boom():
+            assert numba.get_num_threads() == 1  # inside a solo call
+            raise RuntimeError("boom")
+
+        bound.solo.calls.insert(2, partial(boom))
+        _force(bound, True)
+        with pytest.raises(RuntimeError, match="boom"):
+            eng.run(cnn["x"])
+        assert numba.get_num_threads() == 2
+        _force(bound, False)  # a team call that finishes solo meets it too
+        monkeypatch.setattr(engine_mod, "_call_until", partial(_stop_at, 0))
+        with pytest.raises(RuntimeError, match="boom"):
+            eng.run(cnn["x"])
+        assert numba.get_num_threads() == 2
+
+
+def test_adaptive_threads_off(cnn, monkeypatch):
+    _two_threads()
+    monkeypatch.setattr(engine_mod, "_PARALLEL_WORK", 0)
+    with Engine(cnn["fp32"], threads=2, max_batch=8, adaptive_threads=False) as eng:
+        eng.run(cnn["x"])
+        assert eng._bound[len(cnn["x"])].pace is None and eng.mode(len(cnn["x"])) == "team"
+    monkeypatch.setenv("POCKET_ADAPTIVE_THREADS", "0")
+    with Engine(cnn["fp32"], threads=2, max_batch=8) as eng:
+        eng.run(cnn["x"])
+        assert eng._bound[len(cnn["x"])].pace is None
+    with Engine(cnn["fp32"], threads=1, max_batch=8) as eng:
+        eng.run(cnn["x"])
+        assert eng.mode(len(cnn["x"])) == "serial" and eng.mode(3) == "serial"
