@@ -49,9 +49,9 @@ Arrays returned by `run()` are views into the arena, overwritten by the next cal
 `copy=True` to keep them. Batches larger than `max_batch` are split (and the result is a new
 array). Kernels are Numba functions compiled on first use and cached on disk (next to the
 package, or under NUMBA_CACHE_DIR when that is set); `warmup()` compiles them all up front.
-Numba kernels use `threads` threads; the BLAS GEMMs (none on AVX-512 x86) follow
-OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, or `threads` when threadpoolctl is installed (without
-it, small GEMMs also keep BLAS's own thread count).
+Numba kernels use `threads` threads; so do the BLAS GEMMs (none on AVX-512 x86), through
+threadpoolctl or, without it, the entry points of the OpenBLAS NumPy loaded (pools.py); with
+any other BLAS and no threadpoolctl they follow OPENBLAS_NUM_THREADS / OMP_NUM_THREADS.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ class Engine:
     # ---- threads
 
     def set_threads(self, threads: int | None) -> None:
-        """Numba's (and, with threadpoolctl, BLAS's) thread count; None keeps the current one."""
+        """Numba's and BLAS's thread count (see the module docstring); None keeps the current one."""
         self._want_threads = pools.check_threads(threads)
         if self._planned:
             self._apply_threads()

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import os
 from functools import partial
@@ -26,7 +28,7 @@ BIG_GEMM = 1 << 24
 def spin_policy(graph: Graph, sample: dict, threads: int | None) -> tuple[bool, bool]:
     """(whether OpenMP's threads spin between the plan's kernels, whether its BLAS calls run on
     one thread, BLAS's pool pinned): spin_if_no_blas's plans spin; so does a plan with mostly
-    small GEMMs (blas_small) on 2+ threads where threadpoolctl can pin BLAS's pool, its GEMMs
+    small GEMMs (blas_small) on 2+ threads where BLAS's pool can be pinned, its GEMMs
     then on the calling thread. Otherwise BLAS keeps its pool (Engine._serial).
 
     NOTE: BLAS's own pool never runs beside spinning OpenMP threads, which starve it: where they
@@ -118,12 +120,67 @@ def check_threads(threads: int | None) -> int | None:
 
 
 def blas_controllers() -> list:
-    """threadpoolctl's handles on the loaded BLAS libraries, or [] without threadpoolctl."""
-    try:  # optional: without it BLAS keeps its own pool, sized by the env vars
+    """Handles on the loaded BLAS libraries' pools: threadpoolctl's (any BLAS it knows), or
+    without it (the edge install) the OpenBLAS NumPy loaded (_OpenBlas), or []."""
+    try:
         from threadpoolctl import ThreadpoolController
     except ImportError:
-        return []
+        return _loaded_openblas()
     return list(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+# (prefix, suffix) of OpenBLAS's C entry points: NumPy's wheels bundle scipy-openblas (64-bit
+# integers: scipy_openblas_set_num_threads64_), distributions ship plain OpenBLAS
+_OPENBLAS_NAMES = (("scipy_", "64_"), ("scipy_", ""), ("", "64_"), ("", ""))
+
+
+class _OpenBlas:
+    """A loaded OpenBLAS's pool, sized through its own C entry points: the part of
+    threadpoolctl the engine uses, so that the edge install (NumPy and Numba only) can run
+    BLAS on the calling thread too (spin_policy, Pace's solo calls)."""
+
+    internal_api = "openblas"
+
+    def __init__(self, lib: ctypes.CDLL):
+        for prefix, suffix in _OPENBLAS_NAMES:
+            setter = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
+            getter = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+            if setter is not None and getter is not None:
+                break
+        else:
+            raise LookupError("not an OpenBLAS")
+        setter.argtypes, setter.restype = [ctypes.c_int], None
+        getter.argtypes, getter.restype = [], ctypes.c_int
+        self._set, self._get = setter, getter
+
+    @property
+    def num_threads(self) -> int:
+        return self._get()
+
+    def set_num_threads(self, k: int) -> None:
+        self._set(k)
+
+    def _get_symbol(self, name: str):
+        return self._set if name == "openblas_set_num_threads" else None
+
+
+@functools.cache
+def _loaded_openblas() -> list:
+    """The OpenBLAS libraries this process has loaded (Linux: /proc/self/maps; NumPy loads its
+    BLAS on import), or [] (another BLAS, another OS)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({fields[5] for fields in (line.split(None, 5) for line in f)
+                            if len(fields) == 6 and "openblas" in fields[5].lower()})
+    except OSError:
+        return []
+    found = []
+    for path in paths:
+        try:  # the loaded library's own handle: dlopen of a loaded path loads nothing new
+            found.append(_OpenBlas(ctypes.CDLL(path.strip())))
+        except (OSError, LookupError):
+            continue
+    return found
 
 
 def blas_setter(c):

@@ -191,6 +191,33 @@ def test_threads_size_the_blas_pool(mnist, monkeypatch, threads):
             assert bool(eng._blas) == (eng._threads > 1)
 
 
+def test_openblas_pool_without_threadpoolctl(monkeypatch):
+    """The edge install has no threadpoolctl: the engine sizes the OpenBLAS NumPy loaded
+    through its own C entry points; threadpoolctl (where installed) reads the same pool."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)  # import fails as if absent
+    found = pools.blas_controllers()
+    if not found:
+        pytest.skip("NumPy's BLAS here is not an OpenBLAS this process loaded")
+    monkeypatch.undo()
+    c, = found
+
+    def pool():
+        info = [i for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"]
+        return info[0]["num_threads"]
+
+    before, top = c.num_threads, min(2, os.cpu_count() or 1)
+    assert before == pool()
+    try:
+        for k in (1, top, 1):
+            c.set_num_threads(k)
+            assert c.num_threads == k == pool()
+        pools.blas_setter(c)(top)  # the allocation-free setter Engine._serial calls
+        assert pool() == top
+    finally:
+        c.set_num_threads(before)
+
+
 def test_blas_small_tells_small_gemm_plans_from_large_ones():
     """The MobileNet-like plans (GEMMs of under 2**24 multiply-adds a sample) pin BLAS and spin;
     a plan whose multiply-adds sit mostly in large GEMMs (a 64-channel 3x3 conv at 56x56: 115M)
