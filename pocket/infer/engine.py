@@ -36,6 +36,9 @@ validates the graph, rejects every unsupported op in one error, and plans:
 - for each batch size seen, the bound calls (kernels with their views) are built once and
   cached, so `run()` after the first call of a batch size allocates no arrays; calls with
   little work (batch 1, small layers) run on the calling thread alone (see _PARALLEL_WORK);
+- where BLAS's pool is pinned to one thread (pools.spin_policy), a large float32 GEMM runs
+  as kernels_blas.gemm_parts: one cblas_sgemm call a thread on its block of the output
+  (POCKET_SPLIT_GEMM=0 keeps the single BLAS call);
 - an engine of 2+ threads times its calls and runs a plan all on the calling thread while
   that measures faster (a busy machine: pools.Pace, `mode()`), the same bytes either way;
   `adaptive_threads=False` or POCKET_ADAPTIVE_THREADS=0 keeps the split.
@@ -181,6 +184,11 @@ class Engine:
         from pocket.infer.lowering import PREPARE, chained_linears, fusable_pools, no_prep, padded_pairs
 
         self._spinning, self._pinned = pools.spin_policy(self.graph, self._sample, self._want_threads)
+        self._sgemm = None  # where BLAS runs on the calling thread: its GEMMs split by Numba's
+        if self._pinned and pools.split_gemms():
+            from pocket.infer import kernels_blas as kb
+
+            self._sgemm = kb.find_sgemm()
         ctx = self._ctx = PlanContext(
             self.graph, self._params, self._sample, self._infos, self._container.quant, self.max_batch,
             threads=1, cpu=Cpu.host(), forced=routes.forced_routes(), readers=self.readers(),
@@ -459,6 +467,8 @@ class Engine:
                     # a Numba kernel as its serial twin (see jit.py), a BLAS call with BLAS's
                     # pool shrunk to one thread around it.
                     small = not self._parallel(pools.call_work(call, self._spinning))
+                    if call.func is np.matmul and not small and self._sgemm is not None:
+                        call = self._split_gemm(call)
                     twin = getattr(call.func, "serial", None)
                     if twin is not None:
                         call = partial(twin, *call.args, **call.keywords) if small else call
@@ -479,10 +489,22 @@ class Engine:
             self._bound[n] = bound
         return bound
 
+    def _split_gemm(self, call: partial) -> partial:
+        """A BLAS call of a pinned plan as kernels_blas.gemm_parts (its output in a block a
+        thread), or the call itself where its operands do not split."""
+        from pocket.infer import kernels_blas as kb
+
+        if len(call.args) != 2 or set(call.keywords) != {"out"}:
+            return call
+        (a, b), out = call.args, call.keywords["out"]
+        geo = kb.plan(a, b, out, self._threads)
+        return call if geo is None else partial(kb.gemm_parts, self._sgemm, a, b, out, geo)
+
     def _solo_twin(self, bound: _Bound) -> _Bound:
-        """The bound plan's calls on the calling thread alone: the parallel kernels on a pool of
-        one (the same kernels on the same parts, so the same bytes out), no BLAS switches,
-        between two calls that shrink both pools to one thread and restore them."""
+        """The bound plan's calls on the calling thread alone: the parallel kernels (split GEMMs
+        too) on a pool of one, so the same kernels on the same parts and the same bytes out; no
+        BLAS switches; between two calls that shrink both pools to one thread and restore
+        them."""
         calls, steps = [partial(self._solo, True)], [0]
         bound.to_solo = []  # the index in the solo calls of what follows each team call
         for i, call in enumerate(bound.calls):

@@ -27,22 +27,36 @@ BIG_GEMM = 1 << 24
 
 def spin_policy(graph: Graph, sample: dict, threads: int | None) -> tuple[bool, bool]:
     """(whether OpenMP's threads spin between the plan's kernels, whether its BLAS calls run on
-    one thread, BLAS's pool pinned): spin_if_no_blas's plans spin; so does a plan with mostly
-    small GEMMs (blas_small) on 2+ threads where BLAS's pool can be pinned, its GEMMs
-    then on the calling thread. Otherwise BLAS keeps its pool (Engine._serial).
+    one thread, BLAS's pool pinned): spin_if_no_blas's plans spin; so does a plan on 2+ threads
+    where BLAS's pool can be pinned and either its GEMMs can split across Numba's threads
+    (split_gemms: the loaded OpenBLAS's cblas_sgemm, kernels_blas) or they are mostly small
+    (blas_small), its GEMMs then on the calling thread. Otherwise BLAS keeps its pool
+    (Engine._serial).
 
     NOTE: BLAS's own pool never runs beside spinning OpenMP threads, which starve it: where they
     spin (for this plan, an earlier one of the process, or the user's OMP settings) a plan with
-    BLAS calls pins its pool to one thread, large GEMMs and all."""
+    BLAS calls pins its pool to one thread, large GEMMs and all. With split GEMMs, pinned beat
+    BLAS's own pool on the large ones too (2-core AMD Zen 2, 2 threads, interleaved: ResNet-18
+    fp32 33-35 -> 26-27 ms, SqueezeNet fp32 8.1-11.3 -> 6.5-6.8 ms)."""
     if spin_if_no_blas(graph):
         return True, False
     top = threads if threads is not None else default_threads()
     if top < 2 or not blas_controllers():
         return False, False
-    if blas_small(graph, sample):
+    if split_gemms() or blas_small(graph, sample):
         let_omp_spin()
     spinning = omp_spins()
     return spinning, spinning
+
+
+def split_gemms() -> bool:
+    """Whether pinned plans split their GEMMs across Numba's threads (kernels_blas): where the
+    loaded BLAS is an OpenBLAS whose cblas_sgemm answers, unless POCKET_SPLIT_GEMM=0."""
+    if os.environ.get("POCKET_SPLIT_GEMM", "1") == "0":
+        return False
+    from pocket.infer import kernels_blas
+
+    return kernels_blas.find_sgemm() is not None
 
 
 def let_omp_spin() -> None:
@@ -141,7 +155,8 @@ class _OpenBlas:
 
     internal_api = "openblas"
 
-    def __init__(self, lib: ctypes.CDLL):
+    def __init__(self, lib: ctypes.CDLL, filepath: str):
+        self.filepath = filepath
         for prefix, suffix in _OPENBLAS_NAMES:
             setter = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
             getter = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
@@ -165,19 +180,24 @@ class _OpenBlas:
 
 
 @functools.cache
-def _loaded_openblas() -> list:
-    """The OpenBLAS libraries this process has loaded (Linux: /proc/self/maps; NumPy loads its
-    BLAS on import), or [] (another BLAS, another OS)."""
+def openblas_paths() -> tuple[str, ...]:
+    """The files of the OpenBLAS libraries this process has loaded (Linux: /proc/self/maps;
+    NumPy loads its BLAS on import), or () (another BLAS, another OS)."""
     try:
         with open("/proc/self/maps") as f:
-            paths = sorted({fields[5] for fields in (line.split(None, 5) for line in f)
-                            if len(fields) == 6 and "openblas" in fields[5].lower()})
+            return tuple(sorted({fields[5].strip() for fields in (line.split(None, 5) for line in f)
+                                 if len(fields) == 6 and "openblas" in fields[5].lower()}))
     except OSError:
-        return []
+        return ()
+
+
+@functools.cache
+def _loaded_openblas() -> list:
+    """_OpenBlas handles on openblas_paths()."""
     found = []
-    for path in paths:
+    for path in openblas_paths():
         try:  # the loaded library's own handle: dlopen of a loaded path loads nothing new
-            found.append(_OpenBlas(ctypes.CDLL(path.strip())))
+            found.append(_OpenBlas(ctypes.CDLL(path), path))
         except (OSError, LookupError):
             continue
     return found
@@ -275,7 +295,8 @@ class Pace:
     So the plan times both ways as it runs and keeps the faster, and a team call that has
     run longer than a solo call and a quarter (its deadline) finishes solo (Engine._paced):
     a probe of the team costs at most about that and one stuck kernel. The results are the
-    same bytes either way: the same kernels on the same parts of the work.
+    same bytes either way: the same kernels on the same parts of the work (a split GEMM's
+    parts one after another, kernels_blas).
     """
 
     __slots__ = ("solo", "_times", "_seen", "_left", "_gap", "_medians", "_slower")

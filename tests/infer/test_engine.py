@@ -200,22 +200,23 @@ def test_openblas_pool_without_threadpoolctl(monkeypatch):
     if not found:
         pytest.skip("NumPy's BLAS here is not an OpenBLAS this process loaded")
     monkeypatch.undo()
-    c, = found
+    for c in found:  # NumPy's, and any other OpenBLAS loaded by then (SciPy bundles its own)
 
-    def pool():
-        info = [i for i in threadpoolctl.threadpool_info() if i["internal_api"] == "openblas"]
-        return info[0]["num_threads"]
+        def pool(c=c):
+            info = [i for i in threadpoolctl.threadpool_info()
+                    if os.path.realpath(i["filepath"]) == os.path.realpath(c.filepath)]
+            return info[0]["num_threads"]
 
-    before, top = c.num_threads, min(2, os.cpu_count() or 1)
-    assert before == pool()
-    try:
-        for k in (1, top, 1):
-            c.set_num_threads(k)
-            assert c.num_threads == k == pool()
-        pools.blas_setter(c)(top)  # the allocation-free setter Engine._serial calls
-        assert pool() == top
-    finally:
-        c.set_num_threads(before)
+        before, top = c.num_threads, min(2, os.cpu_count() or 1)
+        assert before == pool()
+        try:
+            for k in (1, top, 1):
+                c.set_num_threads(k)
+                assert c.num_threads == k == pool()
+            pools.blas_setter(c)(top)  # the allocation-free setter Engine._serial calls
+            assert pool() == top
+        finally:
+            c.set_num_threads(before)
 
 
 def test_blas_small_tells_small_gemm_plans_from_large_ones():
@@ -238,13 +239,16 @@ def test_blas_small_tells_small_gemm_plans_from_large_ones():
     assert not pools.blas_small(g, {v: i.shape[1:] for v, i in g.validate().items()})
 
 
-def test_spinning_openmp_pins_blas_for_large_plans_too(monkeypatch, tmp_path):
+@pytest.mark.parametrize("split", [False, True])
+def test_spinning_openmp_pins_blas_for_large_plans_too(monkeypatch, tmp_path, split):
     """Once OpenMP's threads spin in the process, a plan with large GEMMs pins BLAS's pool as
     well (its threads would compete with the spinning ones), on 2 threads; without spinning it
-    keeps the pool."""
+    keeps the pool, unless its GEMMs can split across Numba's threads (pools.split_gemms):
+    then it pins and spins."""
     fake = _FakeBlas()
     monkeypatch.setattr(pools, "blas_controllers", lambda: [fake])
     monkeypatch.setattr(pools, "spin_if_no_blas", lambda graph: False)
+    monkeypatch.setattr(pools, "split_gemms", lambda: split)
     rng = np.random.default_rng(6)
     b = Builder((64, 56, 56), rng)
     b.conv(64, 64, 3, padding=[1, 1], activation="relu")
@@ -253,6 +257,11 @@ def test_spinning_openmp_pins_blas_for_large_plans_too(monkeypatch, tmp_path):
     sample = {v: i.shape[1:] for v, i in g.validate().items()}
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    if split:
+        assert pools.spin_policy(g, sample, 2) == (True, True)
+        assert os.environ["GOMP_SPINCOUNT"] == "100000"
+        assert pools.spin_policy(g, sample, 1) == (False, False)
+        return
     assert pools.spin_policy(g, sample, 2) == (False, False)
     assert "GOMP_SPINCOUNT" not in os.environ  # large GEMMs: nothing set
     monkeypatch.setenv("GOMP_SPINCOUNT", "100000")

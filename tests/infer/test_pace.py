@@ -14,6 +14,7 @@ from pocket.formats import reference as ref
 from pocket.formats.container import read_container
 from pocket.infer import Engine, pools
 from pocket.infer import engine as engine_mod
+from pocket.infer import kernels_blas as kb
 
 
 def drive(pace: pools.Pace, team: float, solo: float, calls: int) -> list[bool]:
@@ -87,39 +88,47 @@ def _force(bound, solo: bool) -> None:
     bound.pace.solo, bound.pace._left = solo, 1 << 30
 
 
+@pytest.mark.parametrize("split", ["0", "1"])
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_team_solo_and_finishing_solo_write_the_same_bytes(cnn, precision, monkeypatch):
+def test_team_solo_and_finishing_solo_write_the_same_bytes(cnn, precision, split, monkeypatch):
+    """Team calls, solo calls and team calls that finish solo after any of their calls: the
+    same bytes, with and without GEMMs split across the threads (kernels_blas)."""
     numba = _two_threads()
     # every kernel splits on a team call
     monkeypatch.setattr(engine_mod, "_PARALLEL_WORK", 0)
     monkeypatch.setattr(engine_mod, "_PARALLEL_WORK_PINNED", 0)
+    monkeypatch.setenv("POCKET_SPLIT_GEMM", split)
     x = cnn["x"]
     with Engine(cnn[precision], threads=2, max_batch=8) as eng, read_container(cnn[precision]) as c:
         want = ref.run_container(c, x)[c.graph.outputs[0]]
-        eng.run(x)
+        eng.bind(len(x))
         bound = eng._bound[len(x)]
+        split_calls = any(c.func is kb.gemm_parts for c in bound.calls)
+        assert split_calls == (split == "1" and eng._pinned)
+        eng.run(x)
         assert bound.pace is not None and eng.mode(len(x)) == "team"
+        same = np.testing.assert_array_equal
+
         _force(bound, False)
         team = eng.run(x, copy=True)
         _force(bound, True)
         solo = eng.run(x, copy=True)
         assert eng.mode(len(x)) == "solo" and numba.get_num_threads() == 2
-        np.testing.assert_array_equal(solo, team)
-        # a team call past its deadline after any of its calls finishes solo
+        same(solo, team)
         for stop in range(len(bound.calls) - 1):
             _force(bound, False)
             monkeypatch.setattr(engine_mod, "_call_until", partial(_stop_at, stop))
             late = eng.run(x, copy=True)
-            np.testing.assert_array_equal(late, team, err_msg=f"finished solo after call {stop}")
+            same(late, team, f"finished solo after call {stop}")
             assert numba.get_num_threads() == 2
         monkeypatch.undo()
         # the input read in place, copied into the arena (not C-ordered), and through run_all
         fortran = np.asfortranarray(x)
         for way in (False, True):
             _force(bound, way)
-            np.testing.assert_array_equal(eng.run(fortran), team)
+            same(eng.run(fortran), team)
             _force(bound, way)
-            np.testing.assert_array_equal(eng.run_all(x)[eng.graph.outputs[0]], team)
+            same(eng.run_all(x)[eng.graph.outputs[0]], team)
         tol = 0 if precision == "int8" else 1e-5
         np.testing.assert_allclose(team, want, rtol=tol, atol=tol)
 

@@ -1,0 +1,166 @@
+"""BLAS GEMMs split across Numba's threads: the portable path's large GEMMs in a team call.
+
+Where the engine runs BLAS on the calling thread, its pool pinned to one thread (plans of
+mostly small GEMMs on 2+ threads, see pools.spin_policy), a GEMM had the second core idle:
+MobileNetV2-0.5's 24 GEMMs, half its time, ran on one thread while OpenMP's threads spun.
+Waking BLAS's own pool beside Numba's was slower still (each starved the other). So the engine
+binds such a GEMM (np.matmul(a, b, out=c) with float32 matrices of unit stride along one axis)
+as `gemm_parts`: each of Numba's threads calls the loaded OpenBLAS's cblas_sgemm on its own
+block of the output (columns, rows, or whole matrices of a batch), through the C entry point
+(`find_sgemm`, a ctypes function: Numba calls it without the GIL or Python).
+
+Exactness: each output element is one BLAS dot product along K, as in np.matmul, but OpenBLAS
+may order a block's sums by the block's shape: the results can differ from np.matmul's (a
+1-thread engine's) by float32 rounding, as any BLAS with another thread count does. The same
+parts give the same bytes, run together or one after another (the serial twin, or a pool of
+one), so a plan's team and solo calls (pools.Pace) agree exactly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+from numba import njit, prange
+
+from pocket.infer.jit import kernel
+
+# cblas's enums (row-major storage; op(X) = X or its transpose)
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+# a part's share of the split dimension: whole cache lines of columns, whole rows of 8
+COL_ALIGN, ROW_ALIGN = 16, 8
+# the split dimension's extent below which a part would be too thin to pay its call
+MIN_COLS, MIN_ROWS = 64, 16
+U = np.uint64
+# (prefix, suffix, integer type) of cblas_sgemm: NumPy's wheels bundle scipy-openblas with
+# 64-bit integers; distributions' OpenBLAS takes 32-bit ones
+_NAMES = (("scipy_", "64_", ctypes.c_int64), ("", "64_", ctypes.c_int64),
+          ("scipy_", "", ctypes.c_int), ("", "", ctypes.c_int))
+
+
+@functools.cache
+def find_sgemm():
+    """The loaded OpenBLAS's cblas_sgemm as a ctypes function Numba can call, or None (no
+    OpenBLAS this process loaded, or one that fails a 2x3 @ 3x2 check)."""
+    from pocket.infer.pools import openblas_paths
+
+    for path in openblas_paths():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix, integer in _NAMES:
+            sym = getattr(lib, f"{prefix}cblas_sgemm{suffix}", None)
+            if sym is None:
+                continue
+            f = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer,
+                                 integer, ctypes.c_float, ctypes.c_void_p, integer, ctypes.c_void_p,
+                                 integer, ctypes.c_float, ctypes.c_void_p, integer)(
+                ctypes.cast(sym, ctypes.c_void_p).value)
+            if _works(f):
+                return f
+    return None
+
+
+def _works(f) -> bool:
+    """Whether f computes a small product right (the integer width matches the library's)."""
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(6, dtype=np.float32).reshape(3, 2) - 2
+    c = np.zeros((2, 2), np.float32)
+    f(ROW_MAJOR, NO_TRANS, NO_TRANS, 2, 2, 3, 1.0, a.ctypes.data, 3, b.ctypes.data, 2, 0.0,
+      c.ctypes.data, 2)
+    return bool(np.array_equal(c, a @ b))
+
+
+def _matrix(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
+    """(transposed, leading dimension) of a logical rows x cols float32 matrix x (the last two
+    axes) as cblas reads it, or None when neither axis has unit stride."""
+    s0, s1 = x.strides[-2], x.strides[-1]
+    item = x.itemsize
+    if s1 == item or cols == 1:
+        ld = s0 // item if rows > 1 else cols
+        return (0, ld) if s0 % item == 0 and ld >= max(cols, 1) else None
+    if s0 == item or rows == 1:
+        ld = s1 // item
+        return (1, ld) if s1 % item == 0 and ld >= max(rows, 1) else None
+    return None
+
+
+def plan(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> tuple | None:
+    """The geometry gemm_parts takes for np.matmul(a, b, out=out) split for `threads` threads,
+    or None where it cannot (other dtypes or layouts, more than one batch axis, too little to
+    split): (batch, m, n, k, ta, tb, lda, ldb, ldc, a's batch step, b's, out's (bytes),
+    columns (1) or rows (0), parts)."""
+    if any(x.dtype != np.float32 for x in (a, b, out)) or out.ndim > 3 or a.ndim > 3 or b.ndim > 3:
+        return None
+    if a.ndim < 2 or b.ndim < 2 or out.ndim < 2:
+        return None
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    batch = out.shape[0] if out.ndim == 3 else 1
+    if b.shape[-2] != k or out.shape[-2:] != (m, n):
+        return None
+    steps = []
+    for x in (a, b, out):
+        if x.ndim == 3 and x.shape[0] not in (1, batch):
+            return None
+        steps.append(x.strides[0] if x.ndim == 3 and x.shape[0] == batch and batch > 1 else 0)
+    if min(steps) < 0:
+        return None
+    if out.ndim == 2 and (a.ndim == 3 or b.ndim == 3):
+        return None
+    ma, mb, mc = _matrix(a, m, k), _matrix(b, k, n), _matrix(out, m, n)
+    if ma is None or mb is None or mc is None or mc[0] != 0:
+        return None
+    # NOTE: each part packs its own copy of the other operand (a column block packs all of
+    # a's rows, a row block all of b's columns): split the longer side, so that the copies are
+    # of the smaller operand, and parts run one after another (a solo call, see pools.Pace)
+    # cost about one call (MobileNetV2's 1280 x 160 @ 160 x 16 by columns: 1.2x as long)
+    if batch >= threads:
+        cols, parts = 1, 1
+    elif n >= max(m, MIN_COLS * threads):
+        cols, parts = 1, threads
+    elif m >= MIN_ROWS * threads:
+        cols, parts = 0, threads
+    elif n >= MIN_COLS * threads:
+        cols, parts = 1, threads
+    else:
+        return None
+    return (batch, m, n, k, ma[0], mb[0], ma[1], mb[1], mc[1], *steps, cols, parts)
+
+
+@kernel
+def gemm_parts(sgemm, a, b, out, geo):
+    """out = a @ b (np.matmul's batch semantics) as `parts` blocks a matrix, each one cblas_sgemm
+    call (geo: see plan)."""
+    batch, m, n, k, ta, tb, lda, ldb, ldc, sa, sb, sc, cols, parts = geo
+    # (unsigned throughout: Numba types uintp + int64 as float64)
+    pa, pb, pc = a.ctypes.data, b.ctypes.data, out.ctypes.data
+    opa, opb = TRANS if ta else NO_TRANS, TRANS if tb else NO_TRANS
+    span = n if cols else m
+    align = COL_ALIGN if cols else ROW_ALIGN
+    for task in prange(batch * parts):
+        i, p = task // parts, task % parts
+        lo = _edge(span, parts, p, align)
+        hi = _edge(span, parts, p + 1, align)
+        if hi <= lo:
+            continue
+        xa, xb, xc = pa + U(i * sa), pb + U(i * sb), pc + U(i * sc)
+        if cols:
+            sgemm(ROW_MAJOR, opa, opb, m, hi - lo, k, np.float32(1.0), xa, lda,
+                  xb + U(lo * 4 * (ldb if tb else 1)), ldb, np.float32(0.0), xc + U(lo * 4), ldc)
+        else:
+            sgemm(ROW_MAJOR, opa, opb, hi - lo, n, k, np.float32(1.0),
+                  xa + U(lo * 4 * (1 if ta else lda)), lda, xb, ldb, np.float32(0.0),
+                  xc + U(lo * 4 * ldc), ldc)
+
+
+
+@njit(cache=True, inline="always")
+def _edge(span, parts, p, align):
+    """Where part p of `parts` starts along a dimension of `span`: an even share rounded down
+    to `align` (the end for p == parts)."""
+    if p >= parts:
+        return span
+    return (span * p // parts) // align * align

@@ -1,0 +1,70 @@
+"""kernels_blas: GEMMs split across Numba's threads through the loaded OpenBLAS's cblas_sgemm,
+against a float64 product, over the layouts the engine's BLAS calls take (weights by rows or
+transposed, batches of images, a shared matrix broadcast), split by columns, rows or images."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from pocket.infer import kernels_blas as kb
+
+
+@pytest.fixture(scope="module")
+def sgemm():
+    f = kb.find_sgemm()
+    if f is None:
+        pytest.skip("NumPy's BLAS here is not an OpenBLAS with cblas_sgemm")
+    return f
+
+
+def _operands(rng, m, k, n, batch, ta, tb, shared_a):
+    a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+    a = a.T if ta else a
+    if not shared_a:
+        a = np.stack([a * (i + 1) for i in range(batch)])
+    b = rng.standard_normal((batch, n, k) if tb else (batch, k, n), dtype=np.float32)
+    return a, (b.transpose(0, 2, 1) if tb else b)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_gemm_parts_matches_a_float64_product(sgemm, threads):
+    rng = np.random.default_rng(0)
+    seen = set()
+    for m, k, n, batch, ta, tb, shared_a in itertools.product(
+            [1, 5, 40, 129], [1, 7, 33], [3, 130, 300], [1, 2, 4], [0, 1], [0, 1], [True, False]):
+        a, b = _operands(rng, m, k, n, batch, ta, tb, shared_a)
+        out = np.full((batch, m, n), np.nan, np.float32)
+        geo = kb.plan(a, b, out, threads)
+        if geo is None:
+            assert batch < threads and n < kb.MIN_COLS * threads and m < kb.MIN_ROWS * threads
+            continue
+        seen.add((geo[-2], geo[-1]))
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        kb.gemm_parts(sgemm, a, b, out, geo)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+        # the serial twin (a solo call's, or a small call's) runs the same parts: same bytes
+        again = np.full_like(out, np.nan)
+        kb.gemm_parts.serial(sgemm, a, b, again, geo)
+        np.testing.assert_array_equal(again, out)
+    assert seen == {(1, 1), (1, threads), (0, threads)}  # images, columns, rows
+
+
+def test_plan_declines_what_cblas_cannot_read():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((64, 32), dtype=np.float32)
+    b = rng.standard_normal((32, 512), dtype=np.float32)
+    out = np.empty((64, 512), np.float32)
+    assert kb.plan(a, b, out, 2) is not None
+    assert kb.plan(a[:, ::2], b[::2], out, 2) is None  # no unit stride along either axis
+    assert kb.plan(a.astype(np.float64), b, out, 2) is None
+    assert kb.plan(a, b, np.empty((512, 64), np.float32).T, 2) is None  # output not by rows
+    assert kb.plan(a[:4, :], b[:, :8], np.empty((4, 8), np.float32), 2) is None  # too small
+    four = np.empty((2, 2, 64, 512), np.float32)
+    assert kb.plan(a, np.broadcast_to(b, (2, 2, 32, 512)), four, 2) is None  # two batch axes
+
+
+def test_find_sgemm_answers(sgemm):
+    assert kb._works(sgemm) and kb.find_sgemm() is sgemm  # found once, then cached
