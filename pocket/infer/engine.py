@@ -62,16 +62,16 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 import numpy as np
 
 from pocket.formats import ops
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Graph, ValueInfo
+from pocket.infer import bound as _b
 from pocket.infer import pools
+from pocket.infer.bound import Bound as _Bound
 from pocket.infer.plan import ALIGN, Cpu, EngineError, PlanContext, import_numba_math
 from pocket.infer.plan import NP_DTYPES as _NP
 from pocket.infer.plan import Region as _Buffer
@@ -98,30 +98,6 @@ _PARALLEL_WORK_PINNED = 1 << 17
 # taken this long in all, then plans and switches to the kernels for good.
 _INTERPRET_SECONDS = 0.25
 _INTERPRET_ROWS = 8  # a bigger batch plans at once: the naive interpreter could take seconds
-
-
-@dataclass
-class _Bound:
-    """The plan bound to one batch size: views into the arena and ready-to-call kernels."""
-
-    inputs: dict[str, np.ndarray]
-    outputs: list[np.ndarray]
-    calls: list[Any] = field(default_factory=list)
-    serial_steps: bool = False  # the calls switch thread counts (restore them on an error)
-    direct: bool = False  # the kernels are called through their compiled entry points
-    # (call, argument, shape): the one argument of all the calls that reads the input, which
-    # run() may pass the caller's array instead of copying it into the arena
-    feed: tuple | None = None
-    # the direct calls around the fed one: (calls before, its function, its arguments before
-    # and after the input, calls after), for run()'s common path
-    fed_split: tuple | None = None
-    steps: list[int] = field(default_factory=list)  # the graph step of each call
-    splits: bool = False  # some call splits its work across the threads
-    # a plan of 2+ threads with work to split: the same calls on the calling thread alone,
-    # and the choice between the two ways (pools.Pace)
-    solo: _Bound | None = None
-    pace: pools.Pace | None = None
-    to_solo: list[int] = field(default_factory=list)  # see Engine._solo_twin
 
 
 def _per_sample(info: ValueInfo, where: str) -> tuple[int, ...]:
@@ -501,15 +477,18 @@ class Engine:
         return call if geo is None else partial(kb.gemm_parts, self._sgemm, a, b, out, geo)
 
     def _solo_twin(self, bound: _Bound) -> _Bound:
-        """The bound plan's calls on the calling thread alone: the parallel kernels (split GEMMs
-        too) on a pool of one, so the same kernels on the same parts and the same bytes out; no
-        BLAS switches; between two calls that shrink both pools to one thread and restore
-        them."""
+        """The bound plan's calls on the calling thread alone: each parallel kernel as its
+        serial twin (split GEMMs too: their parts one after another), so the same work on the
+        same parts and the same bytes out; no BLAS switches; between two calls that shrink
+        both pools to one thread and restore them.
+
+        NOTE: not the parallel kernels on a pool of one: under a busy neighbour each still
+        entered OpenMP, and MobileNetV2's solo calls took 3.0 ms against 2.6 on 1 thread."""
         calls, steps = [partial(self._solo, True)], [0]
         bound.to_solo = []  # the index in the solo calls of what follows each team call
         for i, call in enumerate(bound.calls):
             if call.func != self._serial:
-                calls.append(call)
+                calls.append(_b.serial(call))
                 steps.append(bound.steps[i] if i < len(bound.steps) else len(self.graph.nodes))
             bound.to_solo.append(len(calls))
         solo = _Bound(bound.inputs, bound.outputs, calls + [partial(self._solo, False)],
@@ -554,7 +533,7 @@ class Engine:
             if bound is not None and bound.direct:
                 if bound.pace is None:
                     self._run_fed(bound, x)
-                elif bound.feed is not None and _feedable(x):
+                elif bound.feed is not None and _b.feedable(x):
                     self._paced(bound, x.reshape(bound.feed[2]))
                 else:
                     np.copyto(bound.inputs[self.input_name], x)
@@ -567,7 +546,7 @@ class Engine:
     def _run_fed(self, bound: _Bound, x: np.ndarray) -> None:
         """run()'s common path: x's dtype and per-sample shape checked, bound direct."""
         feed = bound.feed
-        if feed is not None and _feedable(x):
+        if feed is not None and _b.feedable(x):
             # NOTE: the one call that reads the input reads x itself (the same type for its
             # compiled kernel: dtype, C order, writeable): no copy into the arena (mlp int8
             # batch 64: 5.5 us of 86)
@@ -646,8 +625,9 @@ class Engine:
             np.copyto(dst, xs[name][rows], casting="same_kind")
         if not bound.direct:
             self._run_calls(bound)  # compiles (or loads) the kernels on the first call
-            for b in (bound, bound.solo) if bound.solo is not None else (bound,):
-                _make_direct(b)
+            _b.make_direct(bound)
+            if bound.solo is not None:
+                _b.make_direct(bound.solo, compile_=True)
             return
         if bound.pace is None:
             self._run_calls(bound)
@@ -666,11 +646,11 @@ class Engine:
             return
         fed = None if x is None else (bound.feed[0], bound.feed[1], x)
         try:
-            stop = _call_until(bound.calls, fed, t + pace.deadline())
+            stop = _b.call_until(bound.calls, fed, t + pace.deadline())
             if stop >= 0:  # the rest on the calling thread alone
                 at = bound.to_solo[stop]
                 self._solo(True)
-                _call_all(solo.calls[at:], None if x is None or solo.feed[0] < at
+                _b.call_all(solo.calls[at:], None if x is None or solo.feed[0] < at
                           else (solo.feed[0] - at, solo.feed[1], x))
         except BaseException:
             self._solo(False)
@@ -681,10 +661,10 @@ class Engine:
         """Make the bound calls; with fed = (call, argument, array), that call takes the array
         in place of that argument (see _feed)."""
         if not bound.serial_steps:
-            _call_all(bound.calls, fed)
+            _b.call_all(bound.calls, fed)
             return
         try:
-            _call_all(bound.calls, fed)
+            _b.call_all(bound.calls, fed)
         except BaseException:
             self._solo(False)  # both pools back to the engine's threads
             raise
@@ -744,62 +724,6 @@ def _alloc_arena(nbytes: int) -> np.ndarray:
     raw = np.zeros(nbytes + ALIGN, np.uint8)
     start = (-raw.ctypes.data) % ALIGN
     return raw[start:start + nbytes]
-
-
-def _call_all(calls: list, fed: tuple | None) -> None:
-    at = -1 if fed is None else fed[0]
-    for i, call in enumerate(calls):
-        if i == at:
-            args = call.args
-            call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:], **call.keywords)
-        else:
-            call()
-
-
-def _feedable(x: np.ndarray) -> bool:
-    """Whether a kernel may read x in place of its arena input (see Engine._feed)."""
-    flags = x.flags
-    return flags.c_contiguous and flags.aligned and flags.writeable
-
-
-def _call_until(calls: list, fed: tuple | None, deadline: float) -> int:
-    """_call_all, checking the clock after each call: -1 when all ran, else the index of the
-    last call that ran once time.perf_counter() passed the deadline (not the last call)."""
-    at, last, clock = -1 if fed is None else fed[0], len(calls) - 1, time.perf_counter
-    for i, call in enumerate(calls):
-        if i == at:
-            args = call.args
-            call.func(*args[:fed[1]], fed[2], *args[fed[1] + 1:], **call.keywords)
-        else:
-            call()
-        if i < last and clock() > deadline:
-            return i
-    return -1
-
-
-def _make_direct(bound: _Bound) -> None:
-    """Bind a plan's calls to their compiled entry points (its kernels compiled or loaded)."""
-    bound.calls, bound.direct = [_direct(c) for c in bound.calls], True
-    if bound.feed is not None and not bound.serial_steps:
-        at, arg, _ = bound.feed
-        fed = bound.calls[at]
-        # (a BLAS call takes its output as a keyword: np.matmul(x, w, out=y))
-        func = partial(fed.func, **fed.keywords) if fed.keywords else fed.func
-        bound.fed_split = (bound.calls[:at], func, fed.args[:arg], fed.args[arg + 1:],
-                           bound.calls[at + 1:])
-
-
-def _direct(call: partial) -> partial:
-    """A bound Numba call made straight to the compiled overload for its arguments.
-
-    NOTE: a dispatcher works out the argument types on every call (~0.2 µs a kernel, a fifth
-    of a batch-1 MLP); a bound call's arguments never change, so it is done once here.
-    """
-    f = call.func
-    if not hasattr(f, "overloads") or call.keywords:
-        return call
-    cres = f.overloads.get(tuple(f.typeof_pyval(a) for a in call.args))
-    return partial(cres.entry_point, *call.args) if cres is not None else call
 
 
 def _assign_offsets(buffers: list[_Buffer]) -> int:

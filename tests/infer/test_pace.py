@@ -13,6 +13,7 @@ from models import cnn_mnist, quantize_sequential, save_model
 from pocket.formats import reference as ref
 from pocket.formats.container import read_container
 from pocket.infer import Engine, pools
+from pocket.infer import bound as bound_mod
 from pocket.infer import engine as engine_mod
 from pocket.infer import kernels_blas as kb
 
@@ -117,7 +118,7 @@ def test_team_solo_and_finishing_solo_write_the_same_bytes(cnn, precision, split
         same(solo, team)
         for stop in range(len(bound.calls) - 1):
             _force(bound, False)
-            monkeypatch.setattr(engine_mod, "_call_until", partial(_stop_at, stop))
+            monkeypatch.setattr(bound_mod, "call_until", partial(_stop_at, stop))
             late = eng.run(x, copy=True)
             same(late, team, f"finished solo after call {stop}")
             assert numba.get_num_threads() == 2
@@ -134,7 +135,7 @@ def test_team_solo_and_finishing_solo_write_the_same_bytes(cnn, precision, split
 
 
 def _stop_at(stop, calls, fed, deadline):
-    """engine._call_until with a deadline that passes right after call `stop`."""
+    """bound.call_until with a deadline that passes right after call `stop`."""
     at = -1 if fed is None else fed[0]
     for i, call in enumerate(calls[:stop + 1]):
         if i == at:
@@ -161,7 +162,7 @@ def test_an_error_in_a_solo_call_restores_the_threads(cnn, monkeypatch):
             eng.run(cnn["x"])
         assert numba.get_num_threads() == 2
         _force(bound, False)  # a team call that finishes solo meets it too
-        monkeypatch.setattr(engine_mod, "_call_until", partial(_stop_at, 0))
+        monkeypatch.setattr(bound_mod, "call_until", partial(_stop_at, 0))
         with pytest.raises(RuntimeError, match="boom"):
             eng.run(cnn["x"])
         assert numba.get_num_threads() == 2
