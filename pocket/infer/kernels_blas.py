@@ -117,6 +117,11 @@ def plan(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> tuple |
     # a's rows, a row block all of b's columns): split the longer side, so that the copies are
     # of the smaller operand, and parts run one after another (a solo call, see pools.Pace)
     # cost about one call (MobileNetV2's 1280 x 160 @ 160 x 16 by columns: 1.2x as long)
+    if m == 1 or n == 1:
+        # NOTE: a matrix-vector product: np.matmul takes BLAS's gemv, which streams the matrix
+        # once; sgemm packed its blocks first (MobileNetV2's 1 x 1280 @ 1280 x 1000
+        # classifier split in two took 349 us, np.matmul's gemv 276)
+        return None
     if batch >= threads:
         cols, parts = 1, 1
     elif n >= max(m, MIN_COLS * threads):

@@ -39,7 +39,8 @@ def test_gemm_parts_matches_a_float64_product(sgemm, threads):
         out = np.full((batch, m, n), np.nan, np.float32)
         geo = kb.plan(a, b, out, threads)
         if geo is None:
-            assert batch < threads and n < kb.MIN_COLS * threads and m < kb.MIN_ROWS * threads
+            assert m == 1 or (batch < threads and n < kb.MIN_COLS * threads
+                              and m < kb.MIN_ROWS * threads)
             continue
         seen.add((geo[-2], geo[-1]))
         want = np.matmul(a.astype(np.float64), b.astype(np.float64))
@@ -62,6 +63,7 @@ def test_plan_declines_what_cblas_cannot_read():
     assert kb.plan(a.astype(np.float64), b, out, 2) is None
     assert kb.plan(a, b, np.empty((512, 64), np.float32).T, 2) is None  # output not by rows
     assert kb.plan(a[:4, :], b[:, :8], np.empty((4, 8), np.float32), 2) is None  # too small
+    assert kb.plan(a[:1], b, out[:1], 2) is None  # a vector times a matrix: BLAS's gemv
     four = np.empty((2, 2, 64, 512), np.float32)
     assert kb.plan(a, np.broadcast_to(b, (2, 2, 32, 512)), four, 2) is None  # two batch axes
 
