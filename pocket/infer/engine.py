@@ -437,14 +437,16 @@ class Engine:
             for step, node in enumerate(g.nodes):
                 if step in skip:
                     continue
-                for call in BUILDERS[node.op](self._ctx, step, node, n):
+                node_calls = list(BUILDERS[node.op](self._ctx, step, node, n))
+                while node_calls:
+                    call = node_calls.pop(0)
                     # NOTE: a fork/join of either pool costs microseconds to tens of them (far
                     # more on a loaded machine): a small call runs on the calling thread alone,
                     # a Numba kernel as its serial twin (see jit.py), a BLAS call with BLAS's
                     # pool shrunk to one thread around it.
                     small = not self._parallel(pools.call_work(call, self._spinning))
                     if call.func is np.matmul and not small and self._sgemm is not None:
-                        call = self._split_gemm(call)
+                        call = self._split_gemm(call, node_calls)
                     twin = getattr(call.func, "serial", None)
                     if twin is not None:
                         call = partial(twin, *call.args, **call.keywords) if small else call
@@ -465,16 +467,18 @@ class Engine:
             self._bound[n] = bound
         return bound
 
-    def _split_gemm(self, call: partial) -> partial:
+    def _split_gemm(self, call: partial, rest: list) -> partial:
         """A BLAS call of a pinned plan as kernels_blas.gemm_parts (its output in a block a
-        thread), or the call itself where its operands do not split."""
+        thread), the bias_act after it (the first of `rest`, the node's calls still to bind)
+        in its epilogue; or the call itself where its operands do not split."""
         from pocket.infer import kernels_blas as kb
 
-        if len(call.args) != 2 or set(call.keywords) != {"out"}:
+        split = kb.split_call(self._sgemm, call, self._threads, rest[0] if rest else None)
+        if split is None:
             return call
-        (a, b), out = call.args, call.keywords["out"]
-        geo = kb.plan(a, b, out, self._threads)
-        return call if geo is None else partial(kb.gemm_parts, self._sgemm, a, b, out, geo)
+        if split[1]:
+            rest.pop(0)
+        return split[0]
 
     def _solo_twin(self, bound: _Bound) -> _Bound:
         """The bound plan's calls on the calling thread alone: each parallel kernel as its

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from functools import partial
 
 import numpy as np
 from numba import njit, prange
 
 from pocket.infer.jit import kernel
+from pocket.infer.kernels_fp32 import bias_act_run
 
 # cblas's enums (row-major storage; op(X) = X or its transpose)
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
@@ -136,15 +138,18 @@ def plan(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> tuple |
 
 
 @kernel
-def gemm_parts(sgemm, a, b, out, geo):
+def gemm_parts(sgemm, a, b, out, geo, ov, bias, act, alpha):
     """out = a @ b (np.matmul's batch semantics) as `parts` blocks a matrix, each one cblas_sgemm
-    call (geo: see plan)."""
+    call (geo: see plan); with act >= 0 (a kernels_fp32.ACT code) each block then goes through
+    activation(block + bias of its row) (bias empty: none) while it is in cache, ov being out
+    as (batch, m, n) (the pass a conv's bias_act made over the whole output after the GEMM)."""
     batch, m, n, k, ta, tb, lda, ldb, ldc, sa, sb, sc, cols, parts = geo
     # (unsigned throughout: Numba types uintp + int64 as float64)
     pa, pb, pc = a.ctypes.data, b.ctypes.data, out.ctypes.data
     opa, opb = TRANS if ta else NO_TRANS, TRANS if tb else NO_TRANS
     span = n if cols else m
     align = COL_ALIGN if cols else ROW_ALIGN
+    has_bias = bias.shape[0] > 0
     for task in prange(batch * parts):
         i, p = task // parts, task % parts
         lo = _edge(span, parts, p, align)
@@ -155,11 +160,17 @@ def gemm_parts(sgemm, a, b, out, geo):
         if cols:
             sgemm(ROW_MAJOR, opa, opb, m, hi - lo, k, np.float32(1.0), xa, lda,
                   xb + U(lo * 4 * (ldb if tb else 1)), ldb, np.float32(0.0), xc + U(lo * 4), ldc)
+            r0, r1, c0, c1 = 0, m, lo, hi
         else:
             sgemm(ROW_MAJOR, opa, opb, hi - lo, n, k, np.float32(1.0),
                   xa + U(lo * 4 * (1 if ta else lda)), lda, xb, ldb, np.float32(0.0),
                   xc + U(lo * 4 * ldc), ldc)
-
+            r0, r1, c0, c1 = lo, hi, 0, n
+        if act >= 0:
+            for r in range(r0, r1):
+                row = ov[i, r, c0:c1]
+                bias_act_run(row, row, c1 - c0, bias[r] if has_bias else np.float32(0.0), act,
+                             alpha)
 
 
 @njit(cache=True, inline="always")
@@ -169,3 +180,34 @@ def _edge(span, parts, p, align):
     if p >= parts:
         return span
     return (span * p // parts) // align * align
+
+
+NO_EPILOGUE = (np.zeros(0, np.float32), -1, 0.0)
+
+
+def split_call(sgemm, matmul, threads: int, after=None) -> tuple | None:
+    """(gemm_parts call, whether it took `after` in) for a bound np.matmul(a, b, out=out) of
+    `threads` threads, or None where it does not split (see plan). `after`, the call that
+    follows it, is taken into the GEMM's epilogue when it is kernels_fp32.bias_act over that
+    same output with one bias a row of each matrix (a 1x1 conv's bias and activation)."""
+    from pocket.infer import kernels_fp32 as kf
+
+    if len(matmul.args) != 2 or set(matmul.keywords) != {"out"}:
+        return None
+    (a, b), out = matmul.args, matmul.keywords["out"]
+    geo = plan(a, b, out, threads)
+    if geo is None:
+        return None
+    batch, m, n = geo[:3]
+    ov = out.reshape(batch, m, n) if out.flags.c_contiguous else None
+    epilogue, took = NO_EPILOGUE, False
+    if after is not None and after.func is kf.bias_act and ov is not None and not after.keywords:
+        dst, y, rb, cb, bias, act, alpha = after.args
+        if (dst.ctypes.data == out.ctypes.data and dst.shape == (batch, m, n)
+                and dst.flags.c_contiguous and y.ctypes.data == out.ctypes.data
+                and y.shape == (batch * m, n) and rb == m and cb == 0
+                and bias.shape[0] in (0, m)):
+            epilogue, took = (bias, act, alpha), True
+    if ov is None:
+        ov = np.zeros((1, 1, 1), np.float32)  # (unused: no epilogue)
+    return partial(gemm_parts, sgemm, a, b, out, geo, ov, *epilogue), took

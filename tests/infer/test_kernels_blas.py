@@ -44,11 +44,11 @@ def test_gemm_parts_matches_a_float64_product(sgemm, threads):
             continue
         seen.add((geo[-2], geo[-1]))
         want = np.matmul(a.astype(np.float64), b.astype(np.float64))
-        kb.gemm_parts(sgemm, a, b, out, geo)
+        kb.gemm_parts(sgemm, a, b, out, geo, out.reshape(batch, m, n), *kb.NO_EPILOGUE)
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
         # the serial twin (a solo call's, or a small call's) runs the same parts: same bytes
         again = np.full_like(out, np.nan)
-        kb.gemm_parts.serial(sgemm, a, b, again, geo)
+        kb.gemm_parts.serial(sgemm, a, b, again, geo, again.reshape(batch, m, n), *kb.NO_EPILOGUE)
         np.testing.assert_array_equal(again, out)
     assert seen == {(1, 1), (1, threads), (0, threads)}  # images, columns, rows
 
@@ -70,3 +70,38 @@ def test_plan_declines_what_cblas_cannot_read():
 
 def test_find_sgemm_answers(sgemm):
     assert kb._works(sgemm) and kb.find_sgemm() is sgemm  # found once, then cached
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "clip", "silu"])
+@pytest.mark.parametrize("shape", [(1, 96, 16, 1024), (1, 1280, 160, 16), (3, 40, 24, 300)])
+def test_the_epilogue_is_the_bias_act_pass(sgemm, act, shape):
+    """A 1x1 conv's matmul + bias_act bound as one split call: the same bytes as the split GEMM
+    followed by the bias_act kernel, and within float32 rounding of a float64 reference."""
+    from functools import partial
+
+    from pocket.infer import kernels_fp32 as kf
+
+    batch, o, k, p = shape
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((o, k), dtype=np.float32)
+    x = rng.standard_normal((batch, k, p), dtype=np.float32)
+    bias = rng.standard_normal(o, dtype=np.float32)
+    code, alpha = kf.ACT[act], (6.0 if act == "clip" else 0.0)
+    y = np.empty((batch, o, p), np.float32)
+    matmul = partial(np.matmul, w, x, out=y)
+    bias_act = partial(kf.bias_act, y, y.reshape(batch * o, p), o, 0, bias, code, alpha)
+    call, took = kb.split_call(sgemm, matmul, 2, bias_act)
+    assert took
+    call()
+    fused = y.copy()
+    plain, _ = kb.split_call(sgemm, matmul, 2, None)
+    plain()
+    bias_act()
+    np.testing.assert_array_equal(fused, y)
+    z = np.matmul(w.astype(np.float64), x.astype(np.float64)) + bias[:, None]
+    want = {"none": z, "relu": np.maximum(z, 0), "clip": np.clip(z, 0, 6),
+            "silu": z / (1 + np.exp(-z))}[act]
+    np.testing.assert_allclose(fused, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    # another layout of the pass (a wide GEMM's (O, N*P)) stays a call of its own
+    other = partial(kf.bias_act, y, y.reshape(batch * o, p), 0, p, bias, code, alpha)
+    assert kb.split_call(sgemm, matmul, 2, other)[1] is False
