@@ -41,10 +41,26 @@ _NAMES = (("scipy_", "64_", ctypes.c_int64), ("", "64_", ctypes.c_int64),
           ("scipy_", "", ctypes.c_int), ("", "", ctypes.c_int))
 
 
-@functools.cache
 def find_sgemm():
     """The loaded OpenBLAS's cblas_sgemm as a ctypes function Numba can call, or None (no
     OpenBLAS this process loaded, or one that fails a 2x3 @ 3x2 check)."""
+    return _find("sgemm")
+
+
+def find_sgemv():
+    """The same library's cblas_sgemv (a matrix times a vector), or None."""
+    return _find("sgemv")
+
+
+def _prototype(kind: str, integer):
+    e, f, p, i = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, integer
+    if kind == "sgemm":  # order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc
+        return ctypes.CFUNCTYPE(None, e, e, e, i, i, i, f, p, i, p, i, f, p, i)
+    return ctypes.CFUNCTYPE(None, e, e, i, i, f, p, i, p, i, f, p, i)  # order, trans, m, n, ...
+
+
+@functools.cache
+def _find(kind: str):
     from pocket.infer.pools import openblas_paths
 
     for path in openblas_paths():
@@ -53,23 +69,24 @@ def find_sgemm():
         except OSError:
             continue
         for prefix, suffix, integer in _NAMES:
-            sym = getattr(lib, f"{prefix}cblas_sgemm{suffix}", None)
+            sym = getattr(lib, f"{prefix}cblas_{kind}{suffix}", None)
             if sym is None:
                 continue
-            f = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer,
-                                 integer, ctypes.c_float, ctypes.c_void_p, integer, ctypes.c_void_p,
-                                 integer, ctypes.c_float, ctypes.c_void_p, integer)(
-                ctypes.cast(sym, ctypes.c_void_p).value)
-            if _works(f):
+            f = _prototype(kind, integer)(ctypes.cast(sym, ctypes.c_void_p).value)
+            if _works(kind, f):
                 return f
     return None
 
 
-def _works(f) -> bool:
+def _works(kind: str, f) -> bool:
     """Whether f computes a small product right (the integer width matches the library's)."""
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.arange(6, dtype=np.float32).reshape(3, 2) - 2
     c = np.zeros((2, 2), np.float32)
+    if kind == "sgemv":
+        f(ROW_MAJOR, NO_TRANS, 2, 3, 1.0, a.ctypes.data, 3, b[:, 0].copy().ctypes.data, 1, 0.0,
+          c.ctypes.data, 1)
+        return bool(np.array_equal(c[0], a @ b[:, 0]))
     f(ROW_MAJOR, NO_TRANS, NO_TRANS, 2, 2, 3, 1.0, a.ctypes.data, 3, b.ctypes.data, 2, 0.0,
       c.ctypes.data, 2)
     return bool(np.array_equal(c, a @ b))
@@ -120,9 +137,9 @@ def plan(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> tuple |
     # of the smaller operand, and parts run one after another (a solo call, see pools.Pace)
     # cost about one call (MobileNetV2's 1280 x 160 @ 160 x 16 by columns: 1.2x as long)
     if m == 1 or n == 1:
-        # NOTE: a matrix-vector product: np.matmul takes BLAS's gemv, which streams the matrix
-        # once; sgemm packed its blocks first (MobileNetV2's 1 x 1280 @ 1280 x 1000
-        # classifier split in two took 349 us, np.matmul's gemv 276)
+        # NOTE: a matrix-vector product (see plan_gemv): BLAS's gemv streams the matrix once;
+        # sgemm packed its blocks first (MobileNetV2's 1 x 1280 @ 1280 x 1000 classifier split
+        # in two took 349 us, np.matmul's gemv 276)
         return None
     if batch >= threads:
         cols, parts = 1, 1
@@ -182,12 +199,52 @@ def _edge(span, parts, p, align):
     return (span * p // parts) // align * align
 
 
+# a vector-matrix product splits from this many outputs a thread (each part streams its own
+# rows of the weights: memory-bound, two cores read them faster than one)
+MIN_GEMV_COLS = 128
+
+
+def plan_gemv(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> tuple | None:
+    """The geometry of gemv_parts for np.matmul(a, b, out=out) with a (1, K), b (K, N) and out
+    (1, N) float32, or None: (n, k, b transposed, ldb, a's element step, parts)."""
+    if (a.ndim, b.ndim, out.ndim) != (2, 2, 2) or any(x.dtype != np.float32 for x in (a, b, out)):
+        return None
+    k, n = b.shape
+    if a.shape != (1, k) or out.shape != (1, n) or n < MIN_GEMV_COLS * threads:
+        return None
+    mb = _matrix(b, k, n)
+    inc = a.strides[1] // a.itemsize
+    if mb is None or out.strides[1] != out.itemsize or a.strides[1] % a.itemsize or inc < 1:
+        return None
+    return n, k, mb[0], mb[1], inc, threads
+
+
+@kernel
+def gemv_parts(sgemv, a, b, out, geo):
+    """out (1, N) = a (1, K) @ b (K, N) as `parts` blocks of outputs, each one cblas_sgemv
+    call on its own columns of b (geo: see plan_gemv)."""
+    n, k, tb, ldb, inc, parts = geo
+    pa, pb, pc = a.ctypes.data, b.ctypes.data, out.ctypes.data
+    for p in prange(parts):
+        lo = _edge(n, parts, p, COL_ALIGN)
+        hi = _edge(n, parts, p + 1, COL_ALIGN)
+        if hi <= lo:
+            continue
+        if tb:  # b stored (N, K) by rows: out[lo:hi] = rows lo..hi of it times a
+            sgemv(ROW_MAJOR, NO_TRANS, hi - lo, k, np.float32(1.0), pb + U(lo * 4 * ldb), ldb,
+                  pa, inc, np.float32(0.0), pc + U(lo * 4), 1)
+        else:  # b (K, N) by rows: out[lo:hi] = its columns lo..hi, transposed, times a
+            sgemv(ROW_MAJOR, TRANS, k, hi - lo, np.float32(1.0), pb + U(lo * 4), ldb,
+                  pa, inc, np.float32(0.0), pc + U(lo * 4), 1)
+
+
 NO_EPILOGUE = (np.zeros(0, np.float32), -1, 0.0)
 
 
 def split_call(sgemm, matmul, threads: int, after=None) -> tuple | None:
-    """(gemm_parts call, whether it took `after` in) for a bound np.matmul(a, b, out=out) of
-    `threads` threads, or None where it does not split (see plan). `after`, the call that
+    """(gemm_parts or gemv_parts call, whether it took `after` in) for a bound
+    np.matmul(a, b, out=out) of `threads` threads, or None where it does not split (see plan,
+    plan_gemv). `after`, the call that
     follows it, is taken into the GEMM's epilogue when it is kernels_fp32.bias_act over that
     same output with one bias a row of each matrix (a 1x1 conv's bias and activation)."""
     from pocket.infer import kernels_fp32 as kf
@@ -197,7 +254,9 @@ def split_call(sgemm, matmul, threads: int, after=None) -> tuple | None:
     (a, b), out = matmul.args, matmul.keywords["out"]
     geo = plan(a, b, out, threads)
     if geo is None:
-        return None
+        vgeo = plan_gemv(a, b, out, threads)
+        sgemv = find_sgemv() if vgeo is not None else None
+        return None if sgemv is None else (partial(gemv_parts, sgemv, a, b, out, vgeo), False)
     batch, m, n = geo[:3]
     ov = out.reshape(batch, m, n) if out.flags.c_contiguous else None
     epilogue, took = NO_EPILOGUE, False

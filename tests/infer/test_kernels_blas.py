@@ -69,7 +69,38 @@ def test_plan_declines_what_cblas_cannot_read():
 
 
 def test_find_sgemm_answers(sgemm):
-    assert kb._works(sgemm) and kb.find_sgemm() is sgemm  # found once, then cached
+    assert kb._works("sgemm", sgemm) and kb.find_sgemm() is sgemm  # found once, then cached
+    sgemv = kb.find_sgemv()
+    assert sgemv is not None and kb._works("sgemv", sgemv)
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_gemv_parts_matches_a_float64_product(sgemm, threads):
+    """A batch-1 linear (1, K) @ (K, N), the weights by rows or transposed (linear_blas's
+    w.T view), split by outputs; the serial twin gives the same bytes."""
+    from functools import partial
+
+    sgemv = kb.find_sgemv()
+    rng = np.random.default_rng(4)
+    for k, n, tb in itertools.product([1, 7, 1280], [256, 1000, 1003], [0, 1]):
+        w = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+        b = w.T if tb else w
+        a = rng.standard_normal((1, k), dtype=np.float32)
+        out = np.full((1, n), np.nan, np.float32)
+        geo = kb.plan_gemv(a, b, out, threads)
+        if n < kb.MIN_GEMV_COLS * threads:
+            assert geo is None
+            continue
+        call, took = kb.split_call(sgemm, partial(np.matmul, a, b, out=out), threads)
+        assert call.func is kb.gemv_parts and not took
+        call()
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+        again = np.full_like(out, np.nan)
+        kb.gemv_parts.serial(sgemv, a, b, again, geo)
+        np.testing.assert_array_equal(again, out)
+    assert kb.plan_gemv(np.ones((2, 8), np.float32), np.ones((8, 512), np.float32),
+                        np.ones((2, 512), np.float32), 2) is None  # two rows: a GEMM
 
 
 @pytest.mark.parametrize("act", ["none", "relu", "clip", "silu"])
