@@ -148,3 +148,29 @@ def test_pw_conv_q_exact_at_exact_k():
     acc = w.astype(np.int64) @ x[0].astype(np.int64)
     assert acc[0, 0] == 2 ** 24
     assert np.array_equal(out[0], (acc * m.reshape(o, 1)).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["rows-left", "one-block", "blocks-3", "one-pixel"])
+def test_pw_conv_same_bytes_for_any_split(name):
+    """Any number of parts (more than the pixel blocks too) writes the serial twin's bytes,
+    float32 and int8: a part's channels sum in the same 8-row passes."""
+    n, o, k, h, wd = SHAPES[name]
+    x = RNG.standard_normal((n, k, h * wd)).astype(np.float32)
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    one = np.full((n, o, h * wd), np.nan, np.float32)
+    kp.pw_conv.serial(one, x, w, b, kf.ACT["relu"], 0.0, _scratch(1))
+    xq, w_q, w_s, b_q = _int8_case(n, o, k, h * wd, 11)
+    wq = w_q.reshape(o, k)
+    adj = b_q.astype(np.int64) - 11 * ki.weight_sums(wq).astype(np.int64)
+    m = qm.requant_multiplier(0.05, w_s, 0.07)
+    lo = (-5.0, 127.0, np.inf)
+    qone = np.zeros((n, o, h * wd), np.int8)
+    kp.pw_conv_q.serial(qone, xq, wq, adj, m, True, -5.0, lo, True, _scratch(1))
+    for parts in (2, 3, 5):
+        got = np.full_like(one, np.nan)
+        kp.pw_conv(got, x, w, b, kf.ACT["relu"], 0.0, _scratch(parts))
+        np.testing.assert_array_equal(got, one, err_msg=f"{name}, {parts} parts")
+        qgot = np.zeros_like(qone)
+        kp.pw_conv_q(qgot, xq, wq, adj, m, True, -5.0, lo, True, _scratch(parts))
+        np.testing.assert_array_equal(qgot, qone, err_msg=f"int8 {name}, {parts} parts")
