@@ -14,9 +14,10 @@ statistics away from the identity, traced, checkpointed with a random calibratio
 by pocket.export to fp32/int8 `.bin` and `.onnx` (cached under bench/results/models/edge/, with
 the export times in a sidecar JSON: the first run pays them).
 
-Latency: one subprocess per framework, architecture, precision, thread count and repeat, pocket and
-onnxruntime alternating so machine load hits both alike (see bench/infer.py for why one framework
-per process); each repeat is the median call time, the table the median over repeats. `--portable`
+Latency: one subprocess per framework, architecture, precision, thread count and repeat, each
+repeat running every thread count with pocket and onnxruntime alternating, so that machine load
+hits all the cells alike (see bench/infer.py for why one framework per process); each repeat is
+the median call time, the table the median over repeats. `--portable`
 adds a third framework, pocket with POCKET_FP32_FMA=0 POCKET_INT8_VNNI=0 (plain Numba, the code
 ARM gets), ratioed against the same onnxruntime runs. `--load N` runs N busy processes (a
 Python spin loop each) for the whole latency run: the table then adds, per model, 2-thread latency
@@ -158,42 +159,46 @@ def _env(threads: int, extra: dict | None = None) -> dict:
     return env
 
 
-def latency(args, name: str, files: dict, threads: int) -> list[dict]:
+def latency(args, name: str, files: dict, threads: list[int]) -> list[dict]:
+    """Rows for each precision and thread count; each repeat runs every thread count and
+    framework in turn, so that a drift of the machine's speed hits all the cells alike."""
     shape = ARCHS[name][0]
     rows = []
     for prec in args.precisions:
         frameworks = (["pocket", "onnxruntime"] + (["portable"] if args.portable else [])
                       + (["ort_exact"] if args.ort_exact and prec == "int8" else []))
-        per: dict[str, list[float]] = {fw: [] for fw in frameworks}
+        per = {t: {fw: [] for fw in frameworks} for t in threads}
         for _ in range(args.repeats):
-            for fw in frameworks:
-                kind = "pocket" if fw in ("pocket", "portable") else fw
-                path = files[f"{prec}.{'bin' if kind == 'pocket' else 'onnx'}"]
-                cmd = [sys.executable, __file__, "--worker", kind, "--file", str(path),
-                       "--threads", str(threads), "--shape", ",".join(map(str, shape)),
-                       "--budget", str(args.budget)]
-                env = _env(threads, PORTABLE_ENV if fw == "portable" else None)
-                out = subprocess.run(cmd, env=env, cwd=ROOT, check=True, stdout=subprocess.PIPE,
-                                     text=True).stdout
-                per[fw].append(json.loads(out.splitlines()[-1])["seconds"])
-        med = {k: statistics.median(v) for k, v in per.items()}
-        row = {"model": name, "precision": prec, "threads": threads,
-               "pocket_ms": med["pocket"] * 1e3, "ort_ms": med["onnxruntime"] * 1e3,
-               "ratio": med["pocket"] / med["onnxruntime"],
-               "repeats_ms": {k: [s * 1e3 for s in v] for k, v in per.items()}}
-        if args.portable:
-            row.update(portable_ms=med["portable"] * 1e3,
-                       portable_ratio=med["portable"] / med["onnxruntime"])
-        if "ort_exact" in med:
-            row.update(ort_exact_ms=med["ort_exact"] * 1e3,
-                       ratio_exact=med["pocket"] / med["ort_exact"])
-        rows.append(row)
-        print(f"  {name} {prec} t{threads}: pocket {row['pocket_ms']:.3f} ms  ort "
-              f"{row['ort_ms']:.3f} ms  x{row['ratio']:.2f}"
-              + (f"  portable x{row['portable_ratio']:.2f}" if args.portable else "")
-              + (f"  ort_exact {row['ort_exact_ms']:.3f} ms x{row['ratio_exact']:.2f}"
-                 if "ort_exact_ms" in row else ""),
-              file=sys.stderr, flush=True)
+            for t in threads:
+                for fw in frameworks:
+                    kind = "pocket" if fw in ("pocket", "portable") else fw
+                    path = files[f"{prec}.{'bin' if kind == 'pocket' else 'onnx'}"]
+                    cmd = [sys.executable, __file__, "--worker", kind, "--file", str(path),
+                           "--threads", str(t), "--shape", ",".join(map(str, shape)),
+                           "--budget", str(args.budget)]
+                    env = _env(t, PORTABLE_ENV if fw == "portable" else None)
+                    out = subprocess.run(cmd, env=env, cwd=ROOT, check=True, stdout=subprocess.PIPE,
+                                         text=True).stdout
+                    per[t][fw].append(json.loads(out.splitlines()[-1])["seconds"])
+        for t in threads:
+            med = {k: statistics.median(v) for k, v in per[t].items()}
+            row = {"model": name, "precision": prec, "threads": t,
+                   "pocket_ms": med["pocket"] * 1e3, "ort_ms": med["onnxruntime"] * 1e3,
+                   "ratio": med["pocket"] / med["onnxruntime"],
+                   "repeats_ms": {k: [s * 1e3 for s in v] for k, v in per[t].items()}}
+            if args.portable:
+                row.update(portable_ms=med["portable"] * 1e3,
+                           portable_ratio=med["portable"] / med["onnxruntime"])
+            if "ort_exact" in med:
+                row.update(ort_exact_ms=med["ort_exact"] * 1e3,
+                           ratio_exact=med["pocket"] / med["ort_exact"])
+            rows.append(row)
+            print(f"  {name} {prec} t{t}: pocket {row['pocket_ms']:.3f} ms  ort "
+                  f"{row['ort_ms']:.3f} ms  x{row['ratio']:.2f}"
+                  + (f"  portable x{row['portable_ratio']:.2f}" if args.portable else "")
+                  + (f"  ort_exact {row['ort_exact_ms']:.3f} ms x{row['ratio_exact']:.2f}"
+                     if "ort_exact_ms" in row else ""),
+                  file=sys.stderr, flush=True)
     return rows
 
 
@@ -422,9 +427,9 @@ def main() -> None:
         busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(args.load)]
         try:
-            for t in (int(t) for t in args.threads.split(",")):
-                for name in names:
-                    result["latency"] += latency(args, name, files[name], t)
+            threads = [int(t) for t in args.threads.split(",")]
+            for name in names:
+                result["latency"] += latency(args, name, files[name], threads)
         finally:
             for p in busy:
                 p.kill()
