@@ -162,9 +162,9 @@ class Engine:
         self._spinning, self._pinned = pools.spin_policy(self.graph, self._sample, self._want_threads)
         self._sgemm = None  # where BLAS runs on the calling thread: its GEMMs split by Numba's
         if self._pinned and pools.split_gemms():
-            from pocket.infer import kernels_blas as kb
+            from pocket.infer import blas_libs
 
-            self._sgemm = kb.find_sgemm()
+            self._sgemm = blas_libs.find_sgemm()
         ctx = self._ctx = PlanContext(
             self.graph, self._params, self._sample, self._infos, self._container.quant, self.max_batch,
             threads=1, cpu=Cpu.host(), forced=routes.forced_routes(), readers=self.readers(),

@@ -7,7 +7,7 @@ Waking BLAS's own pool beside Numba's was slower still (each starved the other).
 binds such a GEMM (np.matmul(a, b, out=c) with float32 matrices of unit stride along one axis)
 as `gemm_parts`: each of Numba's threads calls the loaded OpenBLAS's cblas_sgemm on its own
 block of the output (columns, rows, or whole matrices of a batch), through the C entry point
-(`find_sgemm`, a ctypes function: Numba calls it without the GIL or Python).
+(blas_libs.find_sgemm, a ctypes function: Numba calls it without the GIL or Python).
 
 Exactness: each output element is one BLAS dot product along K, as in np.matmul, but OpenBLAS
 may order a block's sums by the block's shape: the results can differ from np.matmul's (a
@@ -18,80 +18,20 @@ one), so a plan's team and solo calls (pools.Pace) agree exactly.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from functools import partial
 
 import numpy as np
 from numba import njit, prange
 
+from pocket.infer.blas_libs import NO_TRANS, ROW_MAJOR, TRANS, find_sgemv
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import bias_act_run
 
-# cblas's enums (row-major storage; op(X) = X or its transpose)
-ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 # a part's share of the split dimension: whole cache lines of columns, whole rows of 8
 COL_ALIGN, ROW_ALIGN = 16, 8
 # the split dimension's extent below which a part would be too thin to pay its call
 MIN_COLS, MIN_ROWS = 64, 16
 U = np.uint64
-# (prefix, suffix, integer type) of cblas_sgemm: NumPy's wheels bundle scipy-openblas with
-# 64-bit integers; distributions' OpenBLAS takes 32-bit ones
-_NAMES = (("scipy_", "64_", ctypes.c_int64), ("", "64_", ctypes.c_int64),
-          ("scipy_", "", ctypes.c_int), ("", "", ctypes.c_int))
-
-
-def find_sgemm():
-    """The loaded OpenBLAS's cblas_sgemm as a ctypes function Numba can call, or None (no
-    OpenBLAS this process loaded, or one that fails a 2x3 @ 3x2 check)."""
-    return _find("sgemm")
-
-
-def find_sgemv():
-    """The same library's cblas_sgemv (a matrix times a vector), or None."""
-    return _find("sgemv")
-
-
-def _prototype(kind: str, integer):
-    e, f, p, i = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, integer
-    if kind == "sgemm":  # order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc
-        return ctypes.CFUNCTYPE(None, e, e, e, i, i, i, f, p, i, p, i, f, p, i)
-    return ctypes.CFUNCTYPE(None, e, e, i, i, f, p, i, p, i, f, p, i)  # order, trans, m, n, ...
-
-
-@functools.cache
-def _find(kind: str):
-    from pocket.infer.pools import openblas_paths
-
-    for path in openblas_paths():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix, integer in _NAMES:
-            sym = getattr(lib, f"{prefix}cblas_{kind}{suffix}", None)
-            if sym is None:
-                continue
-            f = _prototype(kind, integer)(ctypes.cast(sym, ctypes.c_void_p).value)
-            if _works(kind, f):
-                return f
-    return None
-
-
-def _works(kind: str, f) -> bool:
-    """Whether f computes a small product right (the integer width matches the library's)."""
-    a = np.arange(6, dtype=np.float32).reshape(2, 3)
-    b = np.arange(6, dtype=np.float32).reshape(3, 2) - 2
-    c = np.zeros((2, 2), np.float32)
-    if kind == "sgemv":
-        f(ROW_MAJOR, NO_TRANS, 2, 3, 1.0, a.ctypes.data, 3, b[:, 0].copy().ctypes.data, 1, 0.0,
-          c.ctypes.data, 1)
-        return bool(np.array_equal(c[0], a @ b[:, 0]))
-    f(ROW_MAJOR, NO_TRANS, NO_TRANS, 2, 2, 3, 1.0, a.ctypes.data, 3, b.ctypes.data, 2, 0.0,
-      c.ctypes.data, 2)
-    return bool(np.array_equal(c, a @ b))
-
-
 def _matrix(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
     """(transposed, leading dimension) of a logical rows x cols float32 matrix x (the last two
     axes) as cblas reads it, or None when neither axis has unit stride."""

@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 import os
 from functools import partial
@@ -18,6 +16,7 @@ from functools import partial
 import numpy as np
 
 from pocket.formats.ir import Graph
+from pocket.infer import blas_libs
 from pocket.infer.plan import EngineError
 
 # GEMMs of this many multiply-adds a sample gain from BLAS's own threads (ResNet-18's 3x3 convs
@@ -54,9 +53,7 @@ def split_gemms() -> bool:
     loaded BLAS is an OpenBLAS whose cblas_sgemm answers, unless POCKET_SPLIT_GEMM=0."""
     if os.environ.get("POCKET_SPLIT_GEMM", "1") == "0":
         return False
-    from pocket.infer import kernels_blas
-
-    return kernels_blas.find_sgemm() is not None
+    return blas_libs.find_sgemm() is not None
 
 
 def let_omp_spin() -> None:
@@ -139,68 +136,8 @@ def blas_controllers() -> list:
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:
-        return _loaded_openblas()
+        return blas_libs.loaded_openblas()
     return list(ThreadpoolController().select(user_api="blas").lib_controllers)
-
-
-# (prefix, suffix) of OpenBLAS's C entry points: NumPy's wheels bundle scipy-openblas (64-bit
-# integers: scipy_openblas_set_num_threads64_), distributions ship plain OpenBLAS
-_OPENBLAS_NAMES = (("scipy_", "64_"), ("scipy_", ""), ("", "64_"), ("", ""))
-
-
-class _OpenBlas:
-    """A loaded OpenBLAS's pool, sized through its own C entry points: the part of
-    threadpoolctl the engine uses, so that the edge install (NumPy and Numba only) can run
-    BLAS on the calling thread too (spin_policy, Pace's solo calls)."""
-
-    internal_api = "openblas"
-
-    def __init__(self, lib: ctypes.CDLL, filepath: str):
-        self.filepath = filepath
-        for prefix, suffix in _OPENBLAS_NAMES:
-            setter = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
-            getter = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
-            if setter is not None and getter is not None:
-                break
-        else:
-            raise LookupError("not an OpenBLAS")
-        setter.argtypes, setter.restype = [ctypes.c_int], None
-        getter.argtypes, getter.restype = [], ctypes.c_int
-        self._set, self._get = setter, getter
-
-    @property
-    def num_threads(self) -> int:
-        return self._get()
-
-    def set_num_threads(self, k: int) -> None:
-        self._set(k)
-
-    def _get_symbol(self, name: str):
-        return self._set if name == "openblas_set_num_threads" else None
-
-
-@functools.cache
-def openblas_paths() -> tuple[str, ...]:
-    """The files of the OpenBLAS libraries this process has loaded (Linux: /proc/self/maps;
-    NumPy loads its BLAS on import), or () (another BLAS, another OS)."""
-    try:
-        with open("/proc/self/maps") as f:
-            return tuple(sorted({fields[5].strip() for fields in (line.split(None, 5) for line in f)
-                                 if len(fields) == 6 and "openblas" in fields[5].lower()}))
-    except OSError:
-        return ()
-
-
-@functools.cache
-def _loaded_openblas() -> list:
-    """_OpenBlas handles on openblas_paths()."""
-    found = []
-    for path in openblas_paths():
-        try:  # the loaded library's own handle: dlopen of a loaded path loads nothing new
-            found.append(_OpenBlas(ctypes.CDLL(path), path))
-        except (OSError, LookupError):
-            continue
-    return found
 
 
 def blas_setter(c):

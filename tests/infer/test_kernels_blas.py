@@ -9,12 +9,13 @@ import itertools
 import numpy as np
 import pytest
 
+from pocket.infer import blas_libs as bl
 from pocket.infer import kernels_blas as kb
 
 
 @pytest.fixture(scope="module")
 def sgemm():
-    f = kb.find_sgemm()
+    f = bl.find_sgemm()
     if f is None:
         pytest.skip("NumPy's BLAS here is not an OpenBLAS with cblas_sgemm")
     return f
@@ -69,9 +70,9 @@ def test_plan_declines_what_cblas_cannot_read():
 
 
 def test_find_sgemm_answers(sgemm):
-    assert kb._works("sgemm", sgemm) and kb.find_sgemm() is sgemm  # found once, then cached
-    sgemv = kb.find_sgemv()
-    assert sgemv is not None and kb._works("sgemv", sgemv)
+    assert bl._works("sgemm", sgemm) and bl.find_sgemm() is sgemm  # found once, then cached
+    sgemv = bl.find_sgemv()
+    assert sgemv is not None and bl._works("sgemv", sgemv)
 
 
 @pytest.mark.parametrize("threads", [2, 4])
@@ -80,7 +81,7 @@ def test_gemv_parts_matches_a_float64_product(sgemm, threads):
     w.T view), split by outputs; the serial twin gives the same bytes."""
     from functools import partial
 
-    sgemv = kb.find_sgemv()
+    sgemv = bl.find_sgemv()
     rng = np.random.default_rng(4)
     for k, n, tb in itertools.product([1, 7, 1280], [256, 1000, 1003], [0, 1]):
         w = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
