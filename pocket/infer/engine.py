@@ -447,9 +447,8 @@ class Engine:
                     small = not self._parallel(pools.call_work(call, self._spinning))
                     if call.func is np.matmul and not small and self._sgemm is not None:
                         call = self._split_gemm(call, node_calls)
-                    twin = getattr(call.func, "serial", None)
-                    if twin is not None:
-                        call = partial(twin, *call.args, **call.keywords) if small else call
+                    if getattr(call.func, "serial", None) is not None:
+                        call = _b.serial(call) if small else call
                     elif self._blas and call.func is np.matmul and small != in_serial:
                         bound.calls.append(partial(self._serial, small))
                         bound.serial_steps, in_serial = True, small
