@@ -172,6 +172,40 @@ def gemm(c, w, xp):
                       ca + (o0 * mp + p0) * 4, mp * 4, n4, kk, min(TILE_O, o_end - o0))
 
 
+@njit(cache=True, inline="always")
+def _put4(dst, v, xf, o0, hw, nch, i):
+    """Byte i of the nch (1..4, a compile-time constant) planes at xf[o0:], hw apart, into dst[v:v + 4], zeros past
+    nch. Flat arrays and uint64 indices: a view a plane cost ~1000 instructions a row of
+    words on the Pi 5 (3x3 of a 4x4 map's 16 pixels), and a signed index carries a
+    negative-index wraparound that kept the loops scalar (3.5 instructions a byte);
+    unsigned, LLVM stores four planes' bytes as one interleaved group (st4 on NEON: 32
+    bytes in 7 instructions)."""
+    dst[v] = xf[o0 + i]
+    dst[v + np.uint64(1)] = xf[o0 + hw + i] if nch > 1 else 0
+    dst[v + np.uint64(2)] = xf[o0 + np.uint64(2) * hw + i] if nch > 2 else 0
+    dst[v + np.uint64(3)] = xf[o0 + np.uint64(3) * hw + i] if nch > 3 else 0
+
+
+@njit(cache=True, inline="always")
+def _run(dst, w0, xf, o0, hw, nch, lo, hi, sw, off):
+    """_put4 for output columns lo..hi-1 of a row (input column ow * sw + off), nch a
+    constant: the callers branch on it, so each loop is compiled with its own."""
+    for ow in range(lo, hi):
+        _put4(dst, w0 + np.uint64(4 * ow), xf, o0, hw, nch, np.uint64(ow * sw + off))
+
+
+@njit(cache=True, inline="always")
+def _run_nch(dst, w0, xf, o0, hw, nch, lo, hi, sw, off):
+    if nch == 4:
+        _run(dst, w0, xf, o0, hw, 4, lo, hi, sw, off)
+    elif nch == 3:
+        _run(dst, w0, xf, o0, hw, 3, lo, hi, sw, off)
+    elif nch == 2:
+        _run(dst, w0, xf, o0, hw, 2, lo, hi, sw, off)
+    else:
+        _run(dst, w0, xf, o0, hw, 1, lo, hi, sw, off)
+
+
 @kernel
 def pack_1x1(xb, x, sh, sw):
     """x (M, C, H, W) i8 -> xb (K4, 4*Mp) i8, the bytes of xp (K4, Mp) u32: word [c4, b*P + q]
@@ -181,29 +215,23 @@ def pack_1x1(xb, x, sh, sw):
     k4, nb = xb.shape
     ho, wo = (h - 1) // sh + 1, (wd - 1) // sw + 1
     p = ho * wo
+    xf, bf = x.view(np.uint8).reshape(-1), xb.view(np.uint8).reshape(-1)
+    hw = np.uint64(h * wd)
     for r in prange(k4 * m):
         c4, b = r // m, r % m
-        dst = 4 * b * p
-        if sh == 1 and sw == 1 and 4 * c4 + 3 < ch:
-            # NOTE: the four planes in one loop: LLVM stores them as one interleaved group
-            # (st4 on NEON), 16 pixels a few instructions, not a strided byte store each
-            s0, s1 = x[b, 4 * c4].reshape(-1), x[b, 4 * c4 + 1].reshape(-1)
-            s2, s3 = x[b, 4 * c4 + 2].reshape(-1), x[b, 4 * c4 + 3].reshape(-1)
-            for q in range(p):
-                u = dst + 4 * q
-                xb[c4, u] = s0[q]
-                xb[c4, u + 1] = s1[q]
-                xb[c4, u + 2] = s2[q]
-                xb[c4, u + 3] = s3[q]
+        nch = min(4, ch - 4 * c4)
+        o0 = np.uint64((b * ch + 4 * c4) * h * wd)
+        d0 = np.uint64(c4 * nb + 4 * b * p)
+        if sh == 1 and sw == 1:
+            _run_nch(bf, d0, xf, o0, hw, nch, 0, p, 1, 0)
         else:
-            for t in range(4):
-                c = 4 * c4 + t
-                for i in range(ho):
-                    for j in range(wo):
-                        xb[c4, dst + 4 * (i * wo + j) + t] = x[b, c, i * sh, j * sw] if c < ch else 0
+            for i in range(ho):
+                for j in range(wo):
+                    _put4(bf, d0 + np.uint64(4 * (i * wo + j)), xf, o0, hw, nch,
+                          np.uint64(i * sh * wd + j * sw))
         if b == m - 1:
             for u in range(4 * m * p, nb):
-                xb[c4, u] = 0
+                bf[np.uint64(c4 * nb + u)] = 0
 
 
 @njit(cache=True)
@@ -233,42 +261,33 @@ def pack_taps(xb, x, kh, kw, sh, sw, ph, pw, dh, dw, zp):
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     p = ho * wo
-    z = np.int8(zp)
+    z = np.uint8(np.int64(zp) & 0xFF)
+    xf = x.view(np.uint8).reshape(-1)
+    hw = np.uint64(h * wd)
     for r in prange(k4 * m):
         row, b = r // m, r % m
         tap, c4 = row // c4n, row % c4n
         i, j = tap // kw, tap % kw
+        nch = min(4, ch - 4 * c4)
         off = j * dw - pw  # input column of output column 0
         # output columns whose input column lies in [0, W): [lo, hi)
         lo = min(wo, max(0, (-off + sw - 1) // sw))
         hi = max(lo, min(wo, (wd - 1 - off) // sw + 1)) if wd - 1 - off >= 0 else lo
-        dst = xb[row]
-        full = 4 * c4 + 3 < ch
+        dst = xb[row].view(np.uint8)
         for oh in range(ho):
             ih = oh * sh + i * dh - ph
             u = 4 * (b * p + oh * wo)
             if ih < 0 or ih >= h:
                 for t in range(4 * wo):
-                    dst[u + t] = z if 4 * c4 + t % 4 < ch else 0
+                    dst[u + t] = z if t % 4 < nch else 0
                 continue
             for t in range(4 * lo):
-                dst[u + t] = z if 4 * c4 + t % 4 < ch else 0
+                dst[u + t] = z if t % 4 < nch else 0
             for t in range(4 * hi, 4 * wo):
-                dst[u + t] = z if 4 * c4 + t % 4 < ch else 0
-            if full:
-                s0, s1 = x[b, 4 * c4, ih], x[b, 4 * c4 + 1, ih]
-                s2, s3 = x[b, 4 * c4 + 2, ih], x[b, 4 * c4 + 3, ih]
-                for ow in range(lo, hi):
-                    iw, v = ow * sw + off, u + 4 * ow
-                    dst[v] = s0[iw]
-                    dst[v + 1] = s1[iw]
-                    dst[v + 2] = s2[iw]
-                    dst[v + 3] = s3[iw]
-            else:
-                for t in range(4):
-                    c = 4 * c4 + t
-                    for ow in range(lo, hi):
-                        dst[u + 4 * ow + t] = x[b, c, ih, ow * sw + off] if c < ch else 0
+                dst[u + t] = z if t % 4 < nch else 0
+            o0 = np.uint64(((b * ch + 4 * c4) * h + ih) * wd)
+            w0 = np.uint64(u)
+            _run_nch(dst, w0, xf, o0, hw, nch, lo, hi, sw, off)
         if b == m - 1:
             for u in range(4 * m * p, nb):
                 dst[u] = 0
