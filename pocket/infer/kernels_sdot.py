@@ -174,12 +174,14 @@ def gemm(c, w, xp):
 
 @njit(cache=True, inline="always")
 def _put4(dst, v, xf, o0, hw, nch, i):
-    """Byte i of the nch (1..4, a compile-time constant) planes at xf[o0:], hw apart, into dst[v:v + 4], zeros past
-    nch. Flat arrays and uint64 indices: a view a plane cost ~1000 instructions a row of
-    words on the Pi 5 (3x3 of a 4x4 map's 16 pixels), and a signed index carries a
-    negative-index wraparound that kept the loops scalar (3.5 instructions a byte);
-    unsigned, LLVM stores four planes' bytes as one interleaved group (st4 on NEON: 32
-    bytes in 7 instructions)."""
+    """Byte i of the nch (1..4, a compile-time constant) planes at xf[o0:], hw apart, into
+    dst[v:v + 4], zeros past nch.
+
+    NOTE: flat arrays and uint64 indices. A view a plane cost ~1000 instructions a row of
+    words on the Pi 5 (a 4x4 map has 16 pixels a row), and a signed index carries a
+    negative-index wraparound that kept the loops scalar (3.5 instructions a byte); unsigned,
+    LLVM stores four planes' bytes as one interleaved group (st4 on NEON: 32 bytes in 7
+    instructions)."""
     dst[v] = xf[o0 + i]
     dst[v + np.uint64(1)] = xf[o0 + hw + i] if nch > 1 else 0
     dst[v + np.uint64(2)] = xf[o0 + np.uint64(2) * hw + i] if nch > 2 else 0
