@@ -47,7 +47,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
-from pocket.infer.kernels_int8 import _code, _epilogue, total32
+from pocket.infer.kernels_int8 import _code_clamped, _epilogue, total32
 
 MAX_K = (2**31 - 1) // (255 * 128)  # 65793: longer dot products could leave int32
 TILE_O, TILE_P = 4, 64  # a _tile's channels and pixels (4 x 4 zmm accumulators)
@@ -621,7 +621,7 @@ def _epilogue_run(c, cf, oc, count, badj, mo, y_zp, lo, to_int8, relu):
     float32 into cf (c's memory). One long contiguous loop: it vectorizes."""
     if to_int8:
         for j in range(count):
-            c[oc, j] = np.int32(_code(total32(c[oc, j], badj), mo, y_zp, lo))
+            c[oc, j] = np.int32(_code_clamped(total32(c[oc, j], badj), mo, y_zp, lo))
     else:
         for j in range(count):
             cf[oc, j] = np.float32(_epilogue(np.int64(c[oc, j]) + badj, mo, y_zp, lo, to_int8, relu))
@@ -679,7 +679,7 @@ def requant_cols(out, c, cf, pitch, istride, bias, m, to_int8, y_zp, lo, relu):
             if to_int8:
                 for j in range(width):
                     u = np.uint64(j)
-                    of[dst + u] = _code(total32(cflat[src + u], badj), mo, y_zp, lo)
+                    of[dst + u] = _code_clamped(total32(cflat[src + u], badj), mo, y_zp, lo)
             else:
                 for j in range(width):
                     u = np.uint64(j)
