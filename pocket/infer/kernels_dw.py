@@ -34,6 +34,8 @@ The epilogue is kernels_int8._epilogue: int8 codes, or float32 values (to_int8 F
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 from numba import njit, prange
 
@@ -313,6 +315,9 @@ def _dw_plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi):
 # (or phases) and the flat outputs (float32, or int32 sums for int8).
 
 VEC = 16  # outputs per chunk of the flat loop
+# rows at least this wide split into their stride-2 phases as one loop over column pairs
+# (see _pad_plane): 48 on x86 (timed), 24 elsewhere (the Pi 5's instruction counts)
+PHASE_PAIRS = 48 if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86") else 8
 BLOCK = 64  # outputs per block of the flat loop, where n_out allows
 
 
@@ -373,7 +378,7 @@ def _pad_plane(xp, xf, src, h, wd, ph, pw, pitch, plane, sh):
     for ih in range(h):
         r = ih + ph
         d0, s0 = (r & 1) * 2 * plane + (r >> 1) * pitch, src + ih * wd
-        if wd < 48:
+        if wd < PHASE_PAIRS:
             for iw in range(wd):
                 c = iw + pw
                 xp[np.uint64(d0 + (c & 1) * plane + (c >> 1))] = xf[np.uint64(s0 + iw)]
