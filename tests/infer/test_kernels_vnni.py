@@ -181,7 +181,6 @@ def test_quad_packed_route_is_a_convolution(geom, n, c, o):
     assert np.array_equal(got, want)
 
 
-@needs_vnni
 @pytest.mark.parametrize("to_int8", [True, False])
 @pytest.mark.parametrize("ho,wo,pitch", [(4, 4, 6), (3, 5, 5), (2, 20, 22), (2, 17, 17)])
 @pytest.mark.parametrize("gap", [0, 7])
@@ -207,7 +206,6 @@ def test_requant_cols(to_int8, ho, wo, pitch, gap):
     assert np.array_equal(out, want)
 
 
-@needs_vnni
 @pytest.mark.parametrize("k,s", [((2, 2), (2, 2)), ((3, 3), (2, 2)), ((3, 2), (1, 2))])
 @pytest.mark.parametrize("gap", [0, 13])
 def test_requant_cols_pool(k, s, gap):
@@ -233,7 +231,6 @@ def test_requant_cols_pool(k, s, gap):
     assert np.array_equal(out, want.astype(np.int8))
 
 
-@needs_vnni
 @pytest.mark.parametrize("relu", [True, False])
 @pytest.mark.parametrize("n", [16, 17, 64])
 def test_requant_cols_pack(relu, n):
