@@ -316,7 +316,7 @@ def _dw_plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi):
 
 VEC = 16  # outputs per chunk of the flat loop
 # rows at least this wide split into their stride-2 phases as one loop over column pairs
-# (see _pad_plane): 48 on x86 (timed), 24 elsewhere (the Pi 5's instruction counts)
+# (see _pad_plane): 48 on x86 (timed), 8 elsewhere (the Pi 5's instruction counts)
 PHASE_PAIRS = 48 if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86") else 8
 BLOCK = 64  # outputs per block of the flat loop, where n_out allows
 

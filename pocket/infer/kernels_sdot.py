@@ -228,9 +228,7 @@ def pack_1x1(xb, x, sh, sw):
             _run_nch(bf, d0, xf, o0, hw, nch, 0, p, 1, 0)
         else:
             for i in range(ho):
-                for j in range(wo):
-                    _put4(bf, d0 + np.uint64(4 * (i * wo + j)), xf, o0, hw, nch,
-                          np.uint64(i * sh * wd + j * sw))
+                _run_nch(bf, d0 + np.uint64(4 * i * wo), xf, o0, hw, nch, 0, wo, sw, i * sh * wd)
         if b == m - 1:
             for u in range(4 * m * p, nb):
                 bf[np.uint64(c4 * nb + u)] = 0
