@@ -15,7 +15,7 @@ from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_winograd as kwg
 from pocket.infer import lowering_common as lc
 from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned
-from pocket.infer.routes.base import ROUTES, Route, conv_prep, register
+from pocket.infer.routes.base import ROUTES, Route, conv_prep, prepared, register
 
 # fp32 3x3 stride-1 convs with at least this many input channels run as Winograd F(2x2, 3x3)
 # (kernels_winograd): its 16 GEMMs do 2.25x fewer multiply-adds, which outweighs the
@@ -47,13 +47,28 @@ def winograd_limits(geo, dtype) -> str | None:
 
 
 def winograd_sizes(d: dict, m: int) -> list[int]:
-    """Scratch of a Winograd conv for m images, in order: U, padded images (none for
+    """Scratch of a Winograd conv for m images, in order: padded images (none for
     kernels_fma_winograd, which reads them unpadded), row scratch, V, M, output scratch
     (float32 elements). V and M have winograd_cols columns, rows kfw.VM_SKEW longer."""
     c, o = d["c"], d["o"]
     cols = winograd_cols(d, m)
-    return [16 * (o * c + U_SKEW), 0 if d["fma"] else m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"],
+    return [0 if d["fma"] else m * c * d["hp"] * d["wp"], m * c * 4 * d["wp"],
             16 * (c * cols + kfw.VM_SKEW), 16 * (o * cols + kfw.VM_SKEW), m * o * 8 * d["th"] * d["tw"]]
+
+
+def filter_u(d: dict) -> np.ndarray:
+    """U = G w G^T of every filter, (16, O*C + U_SKEW) float32 (the GEMMs read u[:, :O*C]):
+    made at the first bind and kept (base.prepared), 16/9 of the weights' bytes.
+
+    NOTE: it was made again at every call, in the arena: ResNet-18's transforms took 2 ms of
+    a 45 ms call on the portable path."""
+    def make():
+        o, c = d["o"], d["c"]
+        u = np.zeros((16, o * c + U_SKEW), np.float32)
+        (kfw.filter_transform if d["fma"] else kwg.filter_transform).serial(u[:, :o * c], d["w9"])
+        return u
+
+    return prepared(d, "u", make)
 
 
 def winograd_cols(d: dict, m: int) -> int:
@@ -86,7 +101,7 @@ class ConvWinograd(Route):
         d["hp"], d["wp"] = 2 * d["th"] + 2, 2 * d["tw"] + 2
         # NOTE: U (16 x O x C) is not part of the budget: a GEMM reads all of U once per chunk
         # (from memory once it outgrows L2), so on small maps only big chunks amortize it
-        per_image = (sum(winograd_sizes(d, 1)[1:]) - 16 * (c + d["o"]) * (
+        per_image = (sum(winograd_sizes(d, 1)) - 16 * (c + d["o"]) * (
             winograd_cols(d, 1) - d["th"] * d["tw"])) * 4
         d["chunk"] = max(1, min(ctx.max_batch, lc.SCRATCH_BYTES // per_image))
         d["scratch_bytes"] = sum(_aligned(e * 4) for e in winograd_sizes(d, d["chunk"]))
@@ -123,21 +138,19 @@ class ConvWinograd(Route):
             c, th, tw = d["c"], d["th"], d["tw"]
             cols = winograd_cols(d, m)
             padded = (0,) if d["fma"] else (m, c, d["hp"], d["wp"])
-            shapes = [(16, o * c + U_SKEW), padded, (m * c, 4, d["wp"]),
-                      (16, c * cols + kfw.VM_SKEW), (16, o * cols + kfw.VM_SKEW), (m * o, 8, th * tw)]
+            shapes = [padded, (m * c, 4, d["wp"]), (16, c * cols + kfw.VM_SKEW),
+                      (16, o * cols + kfw.VM_SKEW), (m * o, 8, th * tw)]
             at, views = 0, []
             for shape, full in zip(shapes, winograd_sizes(d, d["chunk"])):
                 views.append(ctx.scratch(step, np.float32, shape, at))
                 at += _aligned(full * 4)
-            u, xpad, tin, v, mm, tout = views
+            xpad, tin, v, mm, tout = views
+            u = filter_u(d)
             # AVX-512: the transforms of kernels_fma_winograd on V and M with skewed rows (VM_SKEW);
             # else kernels_winograd's, which want them contiguous
             fast = d["fma"] and act in (0, 1)
             v = (v[:, :c * cols] if d["fma"] else v.reshape(-1)[:16 * c * cols]).reshape(16, c, cols)
             mm = (mm[:, :o * cols] if fast else mm.reshape(-1)[:16 * o * cols]).reshape(16, o, cols)
-            if start == 0:  # G w G^T for this call (the weights themselves stay in the mmap)
-                ft = kfw.filter_transform if d["fma"] else kwg.filter_transform
-                calls.append(partial(ft, u[:, :o * c], d["w9"]))
             if d["fma"]:
                 calls.append(partial(kfw.input_transform, v, xs, tin, th, tw, *geom[4:6]))
             else:

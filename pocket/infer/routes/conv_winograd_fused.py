@@ -11,9 +11,9 @@ import numpy as np
 
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fma_winograd as kfw
-from pocket.infer.lowering_common import _act_code, _aligned
+from pocket.infer.lowering_common import _act_code
 from pocket.infer.routes.base import ROUTES, Route, register
-from pocket.infer.routes.conv_winograd import U_SKEW, winograd_limits
+from pocket.infer.routes.conv_winograd import filter_u, winograd_limits
 
 # From this many input channels on (not conv_winograd's 64): cnn_mnist fp32 at batch 64, whose
 # 32 -> 64 conv is 3/4 of the model, went 4.03 -> 3.14 ms on one thread, 2.28 -> 1.79 on two
@@ -48,14 +48,13 @@ class ConvWinogradFused(Route):
     def prepare(self, ctx, node):
         d = ROUTES["conv_winograd"].transforms(ctx, node)
         d["route"] = self.name
-        # U, then a part of WINOGRAD_SCRATCH_BYTES a thread
+        # a part of WINOGRAD_SCRATCH_BYTES a thread (U is prepared: conv_winograd.filter_u)
         c, th, tw, o = d["c"], d["th"], d["tw"], d["o"]
         per_image = 4 * sum(kfw.slot_floats(c, o, 1, th, tw))
         d["fused_chunk"] = max(1, min(ctx.max_batch, max(WINOGRAD_SCRATCH_BYTES // per_image,
                                                           -(-WINOGRAD_CHUNK_TILES // (th * tw)))))
-        d["u_bytes"] = _aligned(16 * (o * c + U_SKEW) * 4)
         d["slot_bytes"] = 4 * sum(kfw.slot_floats(c, o, d["fused_chunk"], th, tw))
-        d["scratch_bytes"] = max(d["scratch_bytes"], d["u_bytes"] + ctx.threads * d["slot_bytes"])
+        d["scratch_bytes"] = max(d["scratch_bytes"], ctx.threads * d["slot_bytes"])
         return ROUTES["conv_winograd"].with_pitch_plan(ctx, node, d)
 
     def at_batch(self, ctx, step, d, n):
@@ -68,16 +67,15 @@ class ConvWinogradFused(Route):
 
     def bind(self, ctx, step, node, d, n, pool=None):
         """fused_conv over the whole batch, a part of the scratch a thread (as many as were
-        prepared, should the thread count have grown since), after this call's U."""
+        prepared, should the thread count have grown since)."""
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         out = y if pool is None else pool[0]
         act = _act_code(node.attrs)
         c, o, th, tw, chunk = d["c"], d["o"], d["th"], d["tw"], d["fused_chunk"]
         ph, pw = d["geom"][4:6]
-        u = ctx.scratch(step, np.float32, (16, o * c + U_SKEW))
-        nt = max(1, min(ctx.threads, (d["scratch_bytes"] - d["u_bytes"]) // d["slot_bytes"]))
-        scratch = ctx.scratch(step, np.float32, (nt * d["slot_bytes"] // 4,), d["u_bytes"])
+        u = filter_u(d)
+        nt = max(1, min(ctx.threads, d["scratch_bytes"] // d["slot_bytes"]))
+        scratch = ctx.scratch(step, np.float32, (nt * d["slot_bytes"] // 4,))
         offs = kfma.row_offsets(c, kfma.tile_cols(chunk * th * tw))
-        return [partial(kfw.filter_transform, u[:, :o * c], d["w9"]),
-                partial(kfw.fused_conv, out, x, u, scratch, offs, nt, chunk, th, tw, ph, pw, d["b"], act,
+        return [partial(kfw.fused_conv, out, x, u, scratch, offs, nt, chunk, th, tw, ph, pw, d["b"], act,
                         pool is not None, kfw.slot_floats(c, o, chunk, th, tw))]
