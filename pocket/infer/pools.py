@@ -162,11 +162,13 @@ def call_work(call: partial, spinning: bool = False) -> int:
     from pocket.infer import kernels_fp32 as kf
     from pocket.infer import kernels_int8 as ki
     from pocket.infer import kernels_pw as kp
+    from pocket.infer import kernels_tile as kt
     from pocket.infer import kernels_vnni as kv
 
     if call.func is np.matmul:
         return call.keywords["out"].size * call.args[0].shape[-1]
-    if call.func is kp.pw_conv or call.func is kp.pw_conv_q:  # out (N, O, P), x (N, K, P)
+    if call.func is kp.pw_conv or call.func is kp.pw_conv_q or call.func is kt.gemm_act:
+        # out (N, O, P), x (N, K, P)
         return call.args[0].size * call.args[1].shape[1]
     # NOTE: a VNNI multiply-add costs about a quarter of a float32 one
     if call.func is kv.gemm_cols:

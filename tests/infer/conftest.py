@@ -19,13 +19,16 @@ def int8_route(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(params=["fma", "blas"])
+@pytest.fixture(params=["fma", "tile", "blas"])
 def fp32_route(request, monkeypatch):
-    """Run an fp32 conv test through both GEMM routes: our AVX-512 FMA kernels (skipped on a
-    CPU without them) and NumPy's BLAS, which every other CPU uses."""
-    from pocket.infer import kernels_fma
+    """Run an fp32 conv test through each family of GEMM routes: our AVX-512 FMA kernels
+    (skipped on a CPU without them), the portable path every other CPU takes (kernels_tile's
+    GEMM where it applies, BLAS elsewhere), and that path with NumPy's BLAS alone
+    (POCKET_FP32_TILE=0)."""
+    from pocket.infer import kernels_fma, kernels_tile
 
     if request.param == "fma" and not kernels_fma.AVAILABLE:
         pytest.skip("this CPU has no AVX-512")
     monkeypatch.setattr(kernels_fma, "AVAILABLE", request.param == "fma")
+    monkeypatch.setattr(kernels_tile, "AVAILABLE", kernels_tile.AVAILABLE and request.param == "tile")
     return request.param

@@ -536,7 +536,7 @@ def test_conv2d_winograd(hw, pad, n, act, monkeypatch, fp32_route):
                 {"padding": pad, "activation": act})
     with Engine(FakeContainer(Graph({"x": ValueInfo("f32", ("N", c, *hw))}, ["y"], [node],
                                     {k: _info(v) for k, v in params.items()}), params), threads=2) as eng:
-        assert eng._prep[0]["route"] == {"fma": "conv_winograd_fused", "blas": "conv_winograd"}[fp32_route]
+        assert eng._prep[0]["route"] == ("conv_winograd_fused" if fp32_route == "fma" else "conv_winograd")
         eng.run(x)
         funcs = [getattr(getattr(f, "func", f), "__name__", "") for f in eng._bound[n].calls]
     # the fused conv (a thread's images in chunks) on AVX-512 with ReLU or none, 2+ images a thread
@@ -570,9 +570,9 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
 
     monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C", 4)
     monkeypatch.setattr(conv_winograd_fused, "WINOGRAD_FUSED_MIN_C", 4)
-    gemm = {"fma": "conv_fma_cols", "blas": "conv_gemm"}[fp32_route]
-    pointwise = {"fma": "conv_fma_1x1", "blas": "conv_pointwise"}[fp32_route]
-    winograd = {"fma": "conv_winograd_fused", "blas": "conv_winograd"}[fp32_route]
+    gemm = {"fma": "conv_fma_cols", "tile": "conv_tile_cols", "blas": "conv_gemm"}[fp32_route]
+    pointwise = {"fma": "conv_fma_1x1", "tile": "conv_tile", "blas": "conv_pointwise"}[fp32_route]
+    winograd = {"fma": "conv_winograd_fused", "tile": "conv_winograd", "blas": "conv_winograd"}[fp32_route]
     for name, want in (("3x3-pad", winograd), ("dilation", gemm), ("1x1", pointwise),
                        ("5x5-stride2", "conv_fma_phase" if fp32_route == "fma" else gemm),
                        ("groups2", "conv_im2col")):

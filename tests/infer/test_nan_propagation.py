@@ -68,6 +68,12 @@ CASES = {
         "maxpool2d", kernel=[3, 3], stride=[1, 1], padding=[1, 1])),
                      {"fma": "unary", "blas": "unary"}, False),
 }
+# the portable path with kernels_tile: its GEMM (bias and ReLU in the tile) where it takes the
+# conv, BLAS's kernels elsewhere
+_TILE = {"pointwise": "gemm_act", "strided": "gemm_act", "strided_pool": "gemm_act"}
+for _name, _case in CASES.items():
+    if "blas" in _case[3]:
+        _case[3]["tile"] = _TILE.get(_name, _case[3]["blas"])
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -1,0 +1,261 @@
+"""float32 GEMM for the portable path (ARM NEON, x86 without AVX-512): a register-tiled kernel
+in LLVM vectors of VL floats that every CPU compiles, the bias and activation fused.
+
+    c[o, p] = act(b[o] + sum over k of w[o, k] * x[k, p])      per image, x (K, P), c (O, P)
+
+What it replaces there: kernels_pw.pw_conv (plain Numba, its 8 partial-sum rows going through
+memory each 4 steps along K) and BLAS + kernels_fp32.bias_act (a second pass over the output).
+
+One tile keeps ROWS output channels x VECS vectors of pixels in registers (6 x 16 = 12 vectors
+of 8: AVX2's 16 ymm registers hold them, the two input vectors and a broadcast weight; NEON's
+32 q registers hold them as 24) and, per step along K, loads the inputs' vectors once and
+broadcasts each channel's weight into them: 12 multiply-adds per 2 vector loads and 6 scalar
+ones, where pw_conv's inner pass did 32 per 12 vector loads and 8 stores. The rest is LLVM's:
+`llvm.fmuladd` is one FMA where the CPU has one (a multiply and an add where not), and a
+vector of 8 floats is one ymm on AVX2 and two q registers on NEON.
+
+The driver walks blocks of PB pixels (the block's inputs, K x PB floats, stay in L1/L2 while
+every channel tile passes over them); a GEMM's last pixels (P % 16) take a narrow tile of 8
+and, for the last 1-7, a copy through a zero-padded scratch (no masked loads: NEON has none).
+
+Exactness: each output is one float32 multiply-add chain along K in the weights' order, the
+bias added after; it differs from formats/reference.py by float32 rounding, like BLAS.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from pocket.infer.jit import kernel
+from pocket.infer.kernels_fp32 import act_inplace
+from pocket.infer.kernels_vnni import _const, _loop, _ptr
+
+VL = 8  # floats a vector
+ROWS, VECS = 6, 2  # a tile: output channels x vectors of pixels
+PIX = VL * VECS  # pixels a tile
+PB = 128  # pixels a block (see the module docstring)
+
+
+
+def _available() -> bool:
+    """The tiles are LLVM IR: they need Numba's JIT; POCKET_FP32_TILE=0 opts out."""
+    import numba
+
+    return os.environ.get("POCKET_FP32_TILE", "1") != "0" and not numba.config.DISABLE_JIT
+
+
+AVAILABLE = _available()
+
+_I32, _F32 = ir.IntType(32), ir.FloatType()
+_VF = ir.VectorType(_F32, VL)
+
+
+def _splat(builder, val):
+    one = builder.insert_element(ir.Constant(_VF, ir.Undefined), val, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(_VF, ir.Undefined),
+                                  ir.Constant(ir.VectorType(_I32, VL), None))
+
+
+def _row(builder, base, r: int, rows, stride):
+    """base + min(r, rows - 1) * stride: a row past the valid ones repeats the last one (it is
+    computed and never stored, so a channel tail needs no tile of its own)."""
+    rr = builder.select(builder.icmp_signed("<", _const(r), rows), _const(r),
+                        builder.sub(rows, _const(1)))
+    return builder.add(base, builder.mul(rr, stride))
+
+
+def _make_tile(nv: int, nr: int = ROWS):
+    """c[r, 0:VL nv] = lo <= (b[r] + sum over k < nk of w[r, k] * x[k, 0:VL nv]) <= hi for
+    r < rows (1..nr); addresses in bytes: w (rows ldw apart), x (rows ldx apart), c (rows ldc
+    apart), b. With acc != 0 the sums start from c (a later block of K) and, with fin == 0,
+    the bias and clamp wait for the last block. lo/hi: -inf/inf (none), 0/inf (ReLU), 0/max
+    (clip): NaN passes, as kernels_fp32.relu."""
+
+    def codegen(context, builder, signature, args):
+        w, ldw, x, ldx, nk, c, ldc, acc, rows, b, fin, lo, hi = args
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
+                                             f"llvm.fmuladd.v{VL}f32")
+
+        def load(addr):
+            return builder.load(_ptr(builder, addr, _VF), align=4)
+
+        c_at = [[builder.add(_row(builder, c, r, rows, ldc), _const(4 * VL * v)) for v in range(nv)]
+                for r in range(nr)]
+        start = builder.icmp_signed("!=", acc, _const(0))
+        init = [builder.select(start, load(a), ir.Constant(_VF, None)) for row in c_at for a in row]
+        w_at = [_row(builder, w, r, rows, ldw) for r in range(nr)]
+
+        def step(i, accs):
+            xa = builder.add(x, builder.mul(i, ldx))
+            xs = [load(builder.add(xa, _const(4 * VL * v))) for v in range(nv)]
+            k4 = builder.mul(i, _const(4))
+            out = []
+            for r in range(nr):
+                s = builder.load(_ptr(builder, builder.add(w_at[r], k4), _F32), align=4)
+                wb = _splat(builder, s)
+                out += [builder.call(fma, [wb, xs[v], accs[r * nv + v]]) for v in range(nv)]
+            return out
+
+        final = _loop(builder, nk, init, step)
+        last = builder.icmp_signed("!=", fin, _const(0))
+        vlo, vhi = _splat(builder, lo), _splat(builder, hi)
+        for r in range(nr):
+            with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+                bo = builder.load(_ptr(builder, builder.add(b, _const(4 * r)), _F32), align=4)
+                for v in range(nv):
+                    val = final[r * nv + v]
+                    t = builder.fadd(val, _splat(builder, bo))
+                    t = builder.select(builder.fcmp_ordered("<", t, vlo), vlo, t)
+                    t = builder.select(builder.fcmp_ordered(">", t, vhi), vhi, t)
+                    builder.store(builder.select(last, t, val), _ptr(builder, c_at[r][v], _VF),
+                                  align=4)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def tile(typingctx, w, ldw, x, ldx, nk, c, ldc, acc, rows, b, fin, lo, hi):
+        return types.void(*[types.intp] * 11, types.float32, types.float32), codegen
+
+    return tile
+
+
+_tile, _tile8 = _make_tile(VECS), _make_tile(1)  # 16 pixels; 8 (a GEMM's last ones)
+
+BLOCK_K = 128  # rows of inputs a pass: a block's panel (BLOCK_K x PB floats) stays in L2
+
+
+@njit(cache=True)
+def clamp_of(act, alpha):
+    """(lo, hi, rest): the tile's clamp for activation code `act` (kernels_fp32.ACT), and
+    whether the driver applies the activation after the tiles (act_inplace) instead."""
+    if act == 0:
+        return -np.inf, np.inf, False
+    if act == 1:
+        return 0.0, np.inf, False
+    if act == 9:
+        return 0.0, float(np.float32(alpha)), False
+    return -np.inf, np.inf, True
+
+
+def scratch_floats(k: int) -> int:
+    """A part's scratch (floats): a panel of min(K, BLOCK_K) x (PB + VL) inputs and a tail
+    tile's ROWS x VL outputs."""
+    return min(k, BLOCK_K) * (PB + VL) + ROWS * VL
+
+
+@kernel
+def gemm_act(c, w, x, b, scratch, act, alpha):
+    """c (N, O, P) = act(w (O, K) @ x[i] (K, P) + b (O,)) for each image i; b holds O floats
+    (zeros without a bias); scratch (parts, scratch_floats(K)) float32, one row a part.
+    Parallel over (image, pixel block, channel group) tasks in `parts` contiguous runs."""
+    n, k, p = x.shape
+    o = w.shape[0]
+    parts = scratch.shape[0]
+    nb, ng = (p + PB - 1) // PB, (o + ROWS - 1) // ROWS
+    tasks = n * nb * ng
+    for part in prange(parts):
+        t0, t1 = part * tasks // parts, (part + 1) * tasks // parts
+        while t0 < t1:  # one (image, block) and its channel groups in this part at a time
+            ib, g0 = t0 // ng, t0 % ng
+            g1 = min(ng, g0 + t1 - t0)
+            _block(c, w, x, b, scratch[part], act, alpha, ib // nb, (ib % nb) * PB, g0, g1)
+            t0 += g1 - g0
+
+
+# NOTE: the panel pays from about 8 channel groups on: with fewer, copying the inputs cost more
+# than it saved (16 x 27 @ 27 x 12544: 300 -> 446 us) and the tiles read x in place
+PACK_GROUPS = 8
+
+
+@njit(cache=True)
+def _block(c, w, x, b, scratch, act, alpha, img, p0, g0, g1):
+    """Channel groups [g0, g1) (of ROWS) of image img's pixels [p0, p0 + PB). With PACK_GROUPS
+    groups or more, each block of K is packed into a panel first (tile by tile, then VL-wide
+    rows, zeros past p) and every group's tiles read it; with fewer, the tiles read x in place
+    and only the last 1-7 pixels go through the panel."""
+    n, k, p = x.shape
+    o = w.shape[0]
+    p1 = min(p, p0 + PB)
+    m = p1 - p0
+    full = m // PIX * PIX  # pixels in whole tiles
+    packed = g1 - g0 >= PACK_GROUPS
+    lo, hi, rest = clamp_of(act, alpha)
+    flo, fhi = np.float32(lo), np.float32(hi)
+    wa, xa, ca, ba = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
+                      np.int64(b.ctypes.data))
+    sa = np.int64(scratch.ctypes.data)
+    nkb = min(k, BLOCK_K)
+    ca_tail = sa + nkb * (PB + VL) * 4  # the tail tile's outputs (ROWS x VL)
+    cs = scratch[nkb * (PB + VL):nkb * (PB + VL) + ROWS * VL]
+    ldw, ld = k * 4, p * 4
+    kb = -(-k // -(-k // BLOCK_K))  # K in even blocks (147: 74 + 73, not 128 + 19)
+    for k0 in range(0, k, kb):
+        nk = min(kb, k - k0)
+        if packed:
+            _pack(scratch, x, img, k0, nk, p0, m, full, 0)
+        elif m % VL:
+            _pack(scratch, x, img, k0, nk, p0, m, full, m - m % VL)
+        xk = xa + ((img * k + k0) * p + p0) * 4
+        fin, first = np.int64(k0 + nk == k), np.int64(k0 > 0)
+        for g in range(g0, g1):
+            o0 = g * ROWS
+            rows = min(ROWS, o - o0)
+            wk, ci, bb = wa + o0 * ldw + k0 * 4, ca + ((img * o + o0) * p + p0) * 4, ba + o0 * 4
+            for q in range(0, full, PIX):
+                if packed:
+                    _tile(wk, ldw, sa + q * nk * 4, PIX * 4, nk, ci + q * 4, ld, first, rows, bb,
+                          fin, flo, fhi)
+                else:
+                    _tile(wk, ldw, xk + q * 4, ld, nk, ci + q * 4, ld, first, rows, bb, fin, flo,
+                          fhi)
+            for q in range(full, m, VL):  # the panel's VL-wide rows
+                xq = sa + q * nk * 4
+                if q + VL <= m:
+                    if packed:
+                        _tile8(wk, ldw, xq, VL * 4, nk, ci + q * 4, ld, first, rows, bb, fin, flo,
+                               fhi)
+                    else:
+                        _tile8(wk, ldw, xk + q * 4, ld, nk, ci + q * 4, ld, first, rows, bb, fin,
+                               flo, fhi)
+                    continue
+                # NOTE: the last 1-7 pixels: the panel is zero past them, the outputs go
+                # through cs (the sums so far in, the results out)
+                left = m - q
+                if k0 > 0:
+                    for r in range(rows):
+                        for j in range(left):
+                            cs[r * VL + j] = c[img, o0 + r, p0 + q + j]
+                _tile8(wk, ldw, xq, VL * 4, nk, ca_tail, VL * 4, first, rows, bb, fin, flo, fhi)
+                for r in range(rows):
+                    for j in range(left):
+                        c[img, o0 + r, p0 + q + j] = cs[r * VL + j]
+    if rest:
+        cf = c.reshape(-1)
+        for r in range(g0 * ROWS, min(o, g1 * ROWS)):
+            act_inplace(cf, (img * o + r) * p + p0, m, np.float32(0.0), act, alpha)
+
+
+@njit(cache=True, inline="always")
+def _pack(panel, x, img, k0, nk, p0, m, full, start):
+    """panel = x[img, k0:k0 + nk, p0:p0 + m] from pixel `start` on, tile by tile: nk PIX-wide
+    rows for each whole tile (the panel's first full * nk floats), then nk VL-wide rows for
+    each VL pixels after, zeros past m. Pixel q's rows start at panel[q * nk]."""
+    # NOTE: row by row (each row's pixels a contiguous run): tile by tile, a 12544-pixel
+    # map's rows (50 KB apart, so all in 4 of L1's sets) were read a line each, and the 7x7
+    # stem of ResNet-18 ran at 0.75x of BLAS
+    tail = max(start, full)
+    for kk in range(nk):
+        for q in range(start, full, PIX):
+            d, s = np.uint64(q * nk + kk * PIX), p0 + q
+            for j in range(PIX):
+                panel[d + np.uint64(j)] = x[img, k0 + kk, s + j]
+        for q in range(tail, m, VL):
+            d = np.uint64(q * nk + kk * VL)
+            for j in range(VL):
+                panel[d + np.uint64(j)] = (x[img, k0 + kk, p0 + q + j] if q + j < m
+                                           else np.float32(0.0))

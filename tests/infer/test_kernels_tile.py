@@ -1,0 +1,125 @@
+"""The portable register-tiled GEMM (kernels_tile) against float64 NumPy and formats/reference.py:
+every tiling edge (channels past a multiple of ROWS, pixels past whole tiles: an 8-pixel tile,
+1-7 left over, several blocks), K in one block and in several (sums carried through the output),
+the panel and the in-place inputs, batches, parts, activations in the tile and after it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pocket.formats import reference as ref
+from pocket.infer import kernels_fp32 as kf
+from pocket.infer import kernels_tile as kt
+
+RNG = np.random.default_rng(7)
+PB, BK = kt.PB, kt.BLOCK_K
+
+# name: (N, O, K, P)
+SHAPES = {
+    "one-tile": (1, 6, 4, 16),
+    "rows-left": (1, 13, 9, 32),  # groups of 6, 6 and 1
+    "one-row": (1, 1, 5, 40),
+    "tile8": (1, 7, 3, 24),  # 16 + an 8-pixel tile
+    "left-1": (1, 12, 20, 49),  # 3 tiles + 1 pixel through the panel
+    "left-7": (2, 5, 11, 7),  # only a tail
+    "one-pixel": (3, 10, 6, 1),
+    "blocks": (1, 9, 8, 2 * PB + 29),  # blocks of PB, the last with a tile8 and 5 left
+    "packed": (1, 8 * kt.ROWS + 3, 17, 3 * 16 + 13),  # PACK_GROUPS groups: the panel
+    "k-blocks": (1, 7, 2 * BK + 37, 45),  # three blocks along K, sums carried
+    "k-blocks-packed": (2, 9 * kt.ROWS, BK + 1, PB + 3),
+}
+ACTS = {"none": 0.0, "relu": 0.0, "clip": 6.0, "silu": 0.0, "hardswish": 0.0, "leaky_relu": 0.1}
+
+
+def _naive_act(y, act, alpha):
+    if act == "relu":
+        return np.where(y < 0, 0.0, y)
+    if act == "clip":
+        return np.minimum(np.where(y < 0, 0.0, y), alpha)
+    if act == "silu":
+        return y / (1.0 + np.exp(-y))
+    if act == "hardswish":
+        return y * np.clip(y + 3.0, 0.0, 6.0) / 6.0
+    if act == "leaky_relu":
+        return np.where(y >= 0, y, alpha * y)
+    return y
+
+
+def _scratch(parts, k):
+    return np.full((parts, kt.scratch_floats(k)), np.nan, np.float32)
+
+
+def _case(name):
+    n, o, k, p = SHAPES[name]
+    x = RNG.standard_normal((n, k, p)).astype(np.float32)
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    return x, w, b
+
+
+@pytest.mark.parametrize("name", SHAPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_gemm_act_matches_naive_and_reference(name, act):
+    x, w, b = _case(name)
+    n, k, p = x.shape
+    o = w.shape[0]
+    alpha = ACTS[act]
+    out = np.full((n, o, p), np.nan, np.float32)
+    kt.gemm_act.serial(out, w, x, b, _scratch(1, k), kf.ACT[act], alpha)
+    w64, x64 = w.astype(np.float64), x.astype(np.float64)
+    pre = np.einsum("ok,nkp->nop", w64, x64) + b.reshape(1, o, 1)
+    bound = 1e-5 * (np.einsum("ok,nkp->nop", np.abs(w64), np.abs(x64)) + np.abs(b).reshape(1, o, 1))
+    # every activation here has a slope of at most ~1.1: it does not grow the sum's error
+    assert np.all(np.abs(out - _naive_act(pre, act, alpha)) <= 1.2 * bound + 1e-6), name
+    attrs = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1, "activation": act}
+    if act == "clip":
+        attrs.update(min=0.0, max=alpha)
+    if act == "leaky_relu":
+        attrs["alpha"] = alpha
+    want = ref.conv2d(attrs, x.reshape(n, k, 1, p), w.reshape(o, k, 1, 1), b).reshape(out.shape)
+    assert np.all(np.abs(out - want) <= 1.2 * bound + 1e-6 + 1e-6 * np.abs(want))
+
+
+def test_gemm_act_writes_only_its_output():
+    """The last pixels go through the scratch: nothing past the output is written."""
+    n, o, k, p = 1, 7, 5, 21
+    x = RNG.standard_normal((1, k, p)).astype(np.float32)
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    out2 = np.full((n, o, p), np.nan, np.float32)
+    kt.gemm_act.serial(out2, w, x, np.zeros(o, np.float32), _scratch(1, k), kf.ACT["none"], 0.0)
+    np.testing.assert_allclose(out2[0], w.astype(np.float64) @ x[0].astype(np.float64),
+                               rtol=1e-5, atol=1e-5)
+    flat = np.full(o * p + 40, 3.0, np.float32)
+    kt.gemm_act.serial(flat[:o * p].reshape(1, o, p), w, x, np.zeros(o, np.float32), _scratch(1, k),
+                       kf.ACT["relu"], 0.0)
+    assert np.all(flat[o * p:] == 3.0)
+
+
+def test_gemm_act_nan_input_and_relu():
+    """A NaN input poisons its pixel in every channel, through the in-tile ReLU too."""
+    n, o, k, p = 1, 9, 6, 37
+    x = RNG.standard_normal((n, k, p)).astype(np.float32)
+    x[0, 2, 5] = np.nan
+    x[0, 3, 36] = np.nan  # in the tail
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    out = np.full((n, o, p), 7.0, np.float32)
+    kt.gemm_act.serial(out, w, x, np.zeros(o, np.float32), _scratch(1, k), kf.ACT["relu"], 0.0)
+    assert np.all(np.isnan(out[0, :, 5])) and np.all(np.isnan(out[0, :, 36]))
+    keep = np.delete(np.arange(p), [5, 36])
+    twin = np.maximum(w.astype(np.float64) @ x[0][:, keep].astype(np.float64), 0)
+    np.testing.assert_allclose(out[0][:, keep], twin, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["rows-left", "blocks", "packed", "k-blocks-packed", "one-pixel"])
+def test_gemm_act_same_bytes_for_any_split(name):
+    """Any number of parts (more than the tasks too) writes the serial twin's bytes: each
+    output is the same chain along K whichever part computes it, panel or not."""
+    x, w, b = _case(name)
+    n, k, p = x.shape
+    one = np.full((n, w.shape[0], p), np.nan, np.float32)
+    kt.gemm_act.serial(one, w, x, b, _scratch(1, k), kf.ACT["silu"], 0.0)
+    for parts in (2, 3, 7):
+        got = np.full_like(one, np.nan)
+        kt.gemm_act(got, w, x, b, _scratch(parts, k), kf.ACT["silu"], 0.0)
+        np.testing.assert_array_equal(got, one, err_msg=f"{name}, {parts} parts")
