@@ -61,7 +61,7 @@ def cpu_report(cpuinfo_text: str | None = None, machine: str | None = None) -> d
 
 def engine_report() -> dict:
     """The route families the engine's planner will pick on this host (see infer/engine.py)."""
-    from pocket.infer import kernels_fma, kernels_sdot, kernels_vnni
+    from pocket.infer import kernels_fma, kernels_sdot, kernels_tile, kernels_vnni
 
     int8 = "vnni" if kernels_vnni.AVAILABLE else "sdot" if kernels_sdot.AVAILABLE else "portable"
     fp32 = "avx512-fma" if kernels_fma.AVAILABLE else "blas"
@@ -71,8 +71,11 @@ def engine_report() -> dict:
                             if int8 == "sdot" else
                             "float32 BLAS GEMMs of the int8 codes and portable Numba kernels"),
             "fp32_detail": ("AVX-512 FMA GEMM tiles" if fp32 == "avx512-fma" else
+                            "portable GEMM tiles (1x1 and small convs), NumPy's BLAS GEMMs and "
+                            "portable Numba kernels" if kernels_tile.AVAILABLE else
                             "NumPy's BLAS GEMMs and portable Numba kernels"),
-            "switches": {k: os.environ[k] for k in ("POCKET_INT8_VNNI", "POCKET_INT8_SDOT", "POCKET_FP32_FMA")
+            "switches": {k: os.environ[k] for k in ("POCKET_INT8_VNNI", "POCKET_INT8_SDOT", "POCKET_FP32_FMA",
+                                                    "POCKET_FP32_TILE")
                          if k in os.environ}}
 
 

@@ -25,6 +25,7 @@ bias added after; it differs from formats/reference.py by float32 rounding, like
 from __future__ import annotations
 
 import os
+import platform
 
 import numpy as np
 from llvmlite import ir
@@ -37,10 +38,17 @@ from pocket.infer.kernels_fp32 import act_inplace
 from pocket.infer.kernels_vnni import _const, _loop, _ptr
 
 VL = 8  # floats a vector
-ROWS, VECS = 6, 2  # a tile: output channels x vectors of pixels
+# NOTE: on ARM the weights load 4 steps at a time as a vector (fmla by element); on x86 one at a
+# time as a broadcast load (vbroadcastss from memory is a load; from a register, a shuffle
+# whose port the 6 broadcasts a step would saturate). POCKET_TILE_WVECTORS=1 takes the ARM form
+# anywhere (its test on x86; a Numba cache of its own, as the kernels differ)
+W_VECTORS = (os.environ.get("POCKET_TILE_WVECTORS") == "1"
+             or platform.machine().lower() in ("aarch64", "arm64"))
+# a tile: output channels x vectors of pixels. ARM's 5 rows: 20 accumulators, the 5 rows'
+# weight vectors and 4 of inputs fill 29 of its 32 registers (6 rows spilled)
+ROWS, VECS = (5 if W_VECTORS else 6), 2
 PIX = VL * VECS  # pixels a tile
 PB = 128  # pixels a block (see the module docstring)
-
 
 
 def _available() -> bool:
@@ -53,7 +61,7 @@ def _available() -> bool:
 AVAILABLE = _available()
 
 _I32, _F32 = ir.IntType(32), ir.FloatType()
-_VF = ir.VectorType(_F32, VL)
+_VF, _V4 = ir.VectorType(_F32, VL), ir.VectorType(_F32, 4)
 
 
 def _splat(builder, val):
@@ -91,18 +99,43 @@ def _make_tile(nv: int, nr: int = ROWS):
         init = [builder.select(start, load(a), ir.Constant(_VF, None)) for row in c_at for a in row]
         w_at = [_row(builder, w, r, rows, ldw) for r in range(nr)]
 
-        def step(i, accs):
-            xa = builder.add(x, builder.mul(i, ldx))
+        def madds(k, accs, weight):
+            """accs + weight(r) * x's row k for each row r (weight: its vector splat)."""
+            xa = builder.add(x, builder.mul(k, ldx))
             xs = [load(builder.add(xa, _const(4 * VL * v))) for v in range(nv)]
-            k4 = builder.mul(i, _const(4))
             out = []
             for r in range(nr):
-                s = builder.load(_ptr(builder, builder.add(w_at[r], k4), _F32), align=4)
-                wb = _splat(builder, s)
+                wb = weight(r)
                 out += [builder.call(fma, [wb, xs[v], accs[r * nv + v]]) for v in range(nv)]
             return out
 
-        final = _loop(builder, nk, init, step)
+        def step(i, accs):
+            k4 = builder.mul(i, _const(4))
+            return madds(i, accs, lambda r: _splat(builder, builder.load(
+                _ptr(builder, builder.add(w_at[r], k4), _F32), align=4)))
+
+        if not W_VECTORS:
+            final = _loop(builder, nk, init, step)
+        else:
+            def step4(i, accs):
+                # each row's 4 weights as one vector; each step a lane of it (NEON's fmla by
+                # element takes the lane itself: 6 loads per 4 steps, not 24)
+                k16 = builder.mul(i, _const(16))
+                wv = [builder.load(_ptr(builder, builder.add(w_at[r], k16), _V4), align=4)
+                      for r in range(nr)]
+                for kk in range(4):
+                    lane = ir.Constant(ir.VectorType(_I32, VL), [kk] * VL)
+                    accs = madds(builder.add(builder.mul(i, _const(4)), _const(kk)), accs,
+                                 lambda r, kk=kk, lane=lane: builder.shuffle_vector(
+                                     wv[r], ir.Constant(_V4, ir.Undefined), lane))
+                return accs
+
+            quads = builder.ashr(nk, _const(2))
+            final = _loop(builder, quads, init, step4)
+            rest = builder.sub(nk, builder.shl(quads, _const(2)))
+            base = builder.shl(quads, _const(2))
+            final = _loop(builder, rest, final,
+                          lambda i, accs: step(builder.add(base, i), accs))
         last = builder.icmp_signed("!=", fin, _const(0))
         vlo, vhi = _splat(builder, lo), _splat(builder, hi)
         for r in range(nr):

@@ -123,3 +123,19 @@ def test_gemm_act_same_bytes_for_any_split(name):
         got = np.full_like(one, np.nan)
         kt.gemm_act(got, w, x, b, _scratch(parts, k), kf.ACT["silu"], 0.0)
         np.testing.assert_array_equal(got, one, err_msg=f"{name}, {parts} parts")
+
+
+def test_arm_form_matches_naive(tmp_path):
+    """The tiles' ARM form (each row's weights 4 steps at a time as a vector, then the steps
+    left one at a time) through the same checks, compiled on this CPU in a worker with a Numba
+    cache of its own."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "POCKET_TILE_WVECTORS": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                           "-k", "naive_and_reference and (relu or silu or none)"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout
