@@ -35,6 +35,7 @@ from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import act_inplace
+from pocket.infer.kernels_pw import _requant_row
 from pocket.infer.kernels_vnni import _const, _loop, _ptr
 
 VL = 8  # floats a vector
@@ -292,3 +293,69 @@ def _pack(panel, x, img, k0, nk, p0, m, full, start):
             for j in range(VL):
                 panel[d + np.uint64(j)] = (x[img, k0 + kk, p0 + q + j] if q + j < m
                                            else np.float32(0.0))
+
+
+# --------------------------------------------------------------------------- int8
+#
+# The codes multiplied as float32 (kernels_pw's argument): every product and partial sum is an
+# integer below K * 128 * 127 < 2**24 for K <= kernels_int8.EXACT_K, so the tiles' sums are
+# exact in any order, and kernels_pw's requantizing rows make the output bit for bit the
+# reference's. The panel holds the block's whole K (the packing converts the codes), the sums
+# of one channel group go to a scratch of ROWS rows, and the group's rows are requantized from
+# there while they are in L1.
+
+
+def scratch_floats_q(k: int) -> int:
+    """gemm_q's scratch a part (floats): the panel (K x (PB + VL)), the sums (ROWS x (PB + VL))
+    and ROWS zeros (the tiles' bias)."""
+    return k * (PB + VL) + ROWS * (PB + VL) + ROWS
+
+
+@kernel
+def gemm_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch):
+    """out (N, O, P) int8 or float32 = kernels_pw.pw_conv_q's epilogue of the exact sums of
+    w (O, K) float32 codes @ x[i] (K, P) int8 codes (or their float32 values: im2col columns),
+    K <= kernels_int8.EXACT_K; scratch (parts, scratch_floats_q(K)) float32."""
+    n, k, p = x.shape
+    o = w.shape[0]
+    parts = scratch.shape[0]
+    nb, ng = (p + PB - 1) // PB, (o + ROWS - 1) // ROWS
+    tasks = n * nb * ng
+    for part in prange(parts):
+        t0, t1 = part * tasks // parts, (part + 1) * tasks // parts
+        while t0 < t1:
+            ib, g0 = t0 // ng, t0 % ng
+            g1 = min(ng, g0 + t1 - t0)
+            _block_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch[part], ib // nb,
+                     (ib % nb) * PB, g0, g1)
+            t0 += g1 - g0
+
+
+@njit(cache=True)
+def _block_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch, img, p0, g0, g1):
+    n, k, p = x.shape
+    o = w.shape[0]
+    m_ = min(p, p0 + PB) - p0
+    full = m_ // PIX * PIX
+    lda = PB + VL
+    _pack(scratch, x, img, 0, k, p0, m_, full, 0)
+    at = k * lda  # the sums' rows, then the zeros
+    zb = scratch[at + ROWS * lda:at + ROWS * lda + ROWS]
+    zb[:] = 0.0
+    wa, sa = np.int64(w.ctypes.data), np.int64(scratch.ctypes.data)
+    aa, ba = sa + at * 4, sa + (at + ROWS * lda) * 4
+    inf = np.float32(np.inf)
+    of = out.reshape(-1)
+    for g in range(g0, g1):
+        o0 = g * ROWS
+        rows = min(ROWS, o - o0)
+        wk = wa + o0 * k * 4
+        for q in range(0, full, PIX):
+            _tile(wk, k * 4, sa + q * k * 4, PIX * 4, k, aa + q * 4, lda * 4, 0, rows, ba, 1, -inf,
+                  inf)
+        for q in range(full, m_, VL):  # the panel's VL-wide rows (their last may run past m_)
+            _tile8(wk, k * 4, sa + q * k * 4, VL * 4, k, aa + q * 4, lda * 4, 0, rows, ba, 1, -inf,
+                   inf)
+        for r in range(rows):
+            _requant_row(of, (img * o + o0 + r) * p + p0, scratch, at + r * lda, m_,
+                         bias_adj[o0 + r], m[o0 + r], y_zp, lo, to_int8, relu)

@@ -139,3 +139,52 @@ def test_arm_form_matches_naive(tmp_path):
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
+
+
+def _int8_case(n, o, k, p, x_zp):
+    from pocket.formats import quant as qm
+
+    x = RNG.integers(-128, 128, (n, k, p)).astype(np.int8)
+    w_q, w_s = qm.quantize_weights(RNG.standard_normal((o, k, 1, 1)).astype(np.float32))
+    w_q[0, 0] = -128  # the extreme codes: x_q * w_q reaches -128 * -128
+    x[0, 0, 0] = -128
+    b_q = qm.quantize_bias(RNG.standard_normal(o).astype(np.float32), 0.05, w_s)
+    return x, w_q, w_s, b_q
+
+
+@pytest.mark.parametrize("name", SHAPES)
+@pytest.mark.parametrize("mode", ["i8", "i8-relu", "i8-clip", "f32", "f32-relu"])
+def test_gemm_q_exact(name, mode):
+    """int8 codes in, int8 codes or float32 out: bit for bit the reference's (and kernels_pw's
+    twin), whatever the split into parts."""
+    from pocket.formats import quant as qm
+    from pocket.infer import kernels_int8 as ki
+
+    n, o, k, p = SHAPES[name]
+    if k > ki.EXACT_K:
+        pytest.skip("past the exact float32 sums")
+    x_zp = 11
+    x, w_q, w_s, b_q = _int8_case(n, o, k, p, x_zp)
+    to_int8 = mode.startswith("i8")
+    act = {"relu": "relu", "clip": "clip"}.get(mode.split("-")[-1], "none")
+    relu = act != "none"
+    y_zp, y_s = (-5, 0.07) if to_int8 else (0, None)
+    m = qm.requant_multiplier(0.05, w_s, y_s)
+    hi = float(qm.quantize(np.float32(6.0), y_s, y_zp)) if act == "clip" and to_int8 else 127.0
+    lo = (float(y_zp if relu else -128), hi, 6.0 if act == "clip" else np.inf)
+    w2 = w_q.reshape(o, k)
+    bias_adj = b_q.astype(np.int64) - np.int64(x_zp) * ki.weight_sums(w2).astype(np.int64)
+    attrs = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1, "activation": act,
+             "x_scale": 0.05, "x_zero_point": x_zp}
+    if act == "clip":
+        attrs.update(min=0.0, max=6.0)
+    if to_int8:
+        attrs.update(y_scale=y_s, y_zero_point=y_zp)
+    want = ref.conv2d(attrs, x.reshape(n, k, 1, p), w_q, b_q, w_scale=w_s).reshape(n, o, p)
+    for parts, fn in ((1, kt.gemm_q.serial), (3, kt.gemm_q)):
+        if parts > 1 and mode != "i8-relu":
+            continue  # the parallel twin for one mode (each compile takes seconds)
+        out = np.full((n, o, p), 99 if to_int8 else np.nan, np.int8 if to_int8 else np.float32)
+        scratch = np.full((parts, kt.scratch_floats_q(k)), np.nan, np.float32)
+        fn(out, w2.astype(np.float32), x, bias_adj, m, to_int8, float(y_zp), lo, relu, scratch)
+        assert np.array_equal(out, want), (name, parts)

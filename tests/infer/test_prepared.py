@@ -42,8 +42,9 @@ def test_prepared_once_and_exact(tmp_path, int8_route):
         assert ids == {k: id(v) for p in eng._prep for k, v in p.items() if k in ("wf", "wq", "w_pad")}
     assert np.array_equal(got, want) and np.array_equal(again, want)
     if portable:
-        # batch 20 >= F32_ROUTE_ROWS: both layers on BLAS over float32 copies of their codes
-        assert table["conv2d0"]["route"] == "conv_int8_blas"
+        # batch 20 >= F32_ROUTE_ROWS: both layers on float32 copies of their codes (the conv on
+        # kernels_tile's GEMM, or BLAS's where the tiles are off)
+        assert table["conv2d0"]["route"] in ("conv_tile_q_cols", "conv_int8_blas")
         assert made == 4 * (16 * 8 * 9 + 12 * 1600)
         assert table["conv2d0"]["prepared_bytes"] == 4 * 16 * 8 * 9
     else:

@@ -79,7 +79,8 @@ NATIVE_ROUTES = {"f32": set(), "i8": set()}
 PORTABLE_ROUTES = {
     "f32": {"conv_direct", "conv_pointwise", "conv_pw", "conv_im2col", "conv_gemm", "conv_gemm_pitch",
             "conv_winograd", "linear_blas", "conv_tile", "conv_tile_cols"},
-    "i8": {"conv_int8_blas", "conv_pw_int8", "conv_int8_im2row", "linear_int8"}}
+    "i8": {"conv_int8_blas", "conv_pw_int8", "conv_int8_im2row", "linear_int8", "conv_tile_q",
+           "conv_tile_q_cols"}}
 NATIVE_ROUTES["f32"] = PORTABLE_ROUTES["f32"] | {"conv_fma_1x1", "conv_fma_pitch", "conv_fma_cols",
                                                  "conv_fma_phase",
                                                  "conv_winograd_fused", "linear_fma", "linear_gemv"}

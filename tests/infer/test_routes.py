@@ -89,7 +89,7 @@ def test_padding_beyond_the_kernels_reach_fp32(c, n, threads, hw, pad, fp32_rout
 def test_padding_beyond_the_kernels_reach_int8(c, n, threads, hw, pad, int8_route):
     """The same geometry in int8 (the VNNI routes read garbage there): bit for bit."""
     got, want, table = _run(*_int8_conv(c, 8, *hw, pad, n), threads=threads)
-    assert table[0]["route"] in ("conv_int8_blas", "conv_int8_im2row")
+    assert table[0]["route"] in ("conv_int8_blas", "conv_int8_im2row", "conv_tile_q_cols")
     for y in got:
         assert np.array_equal(y, want)
 
@@ -106,7 +106,8 @@ def test_the_padding_limit_is_declared():
             assert r.eligible(within, dtype, cpu), name
             assert not r.eligible(geo, dtype, cpu) and "padding" in r.limits(geo, dtype, cpu), name
         for name, dtype in (("conv_fma_cols", "f32"), ("conv_gemm", "f32"), ("conv_im2col", "f32"),
-                            ("conv_int8_blas", "i8"), ("conv_int8_im2row", "i8")):
+                            ("conv_int8_blas", "i8"), ("conv_int8_im2row", "i8"),
+                            ("conv_tile_cols", "f32"), ("conv_tile_q_cols", "i8")):
             assert routes.ROUTES[name].eligible(geo, dtype, cpu), name
     # at stride 2 nothing is laid at the padded width's pitch: VNNI may take the padding
     strided = ConvGeometry(32, 6, 7, 8, 3, 3, 2, 2, 1, 3, 1, 1, 1)

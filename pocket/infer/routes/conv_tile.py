@@ -1,6 +1,8 @@
-"""fp32 convs (groups 1) on the portable path through kernels_tile's register-tiled GEMM, the
+"""Convs (groups 1) on the portable path through kernels_tile's register-tiled GEMM, the
 bias and activation fused: `conv_tile` reads a 1x1 conv's NCHW input in place (stride 1, no
-padding), `conv_tile_cols` the im2col columns of any other conv, one image at a time.
+padding), `conv_tile_cols` the im2col columns of any other conv, one image at a time; for int8
+`conv_tile_q` and `conv_tile_q_cols` likewise (kernels_tile.gemm_q: exact float32 sums of the
+codes, requantized as kernels_pw does), in place of conv_pw_int8 and conv_int8_blas.
 
 They take the place of conv_pw / conv_pointwise (1x1) and conv_gemm (im2col + BLAS + a bias_act
 pass) up to TILE_MAX_K (COLS_MAX_K) rows along K; past that OpenBLAS's packed kernels run faster.
@@ -12,8 +14,9 @@ from functools import partial
 
 import numpy as np
 
+from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_tile as kt
-from pocket.infer.lowering_common import _act_alpha, _act_code, _aligned, _im2col
+from pocket.infer.lowering_common import _act_alpha, _act_code, _aligned, _im2col, _int8_consts
 from pocket.infer.routes.base import Route, conv_prep, prepared, register
 from pocket.infer.routes.conv_pw import pointwise_limit
 
@@ -106,4 +109,89 @@ class ConvTileCols(Route):
         for i in range(n):
             calls += [_im2col(col, x[i:i + 1], d["geom"], np.float32(0), 0, p),
                       _gemm(ctx, step, d, node.attrs, y[i:i + 1], col.reshape(1, k, p))]
+        return calls
+
+
+# --------------------------------------------------------------------------- int8
+#
+# NOTE: the whole of K sits in the panel (kernels_tile.gemm_q), so these routes stop at
+# TILE_Q_MAX_K; the float32 copy of the int8 weights is made once (base.prepared), as
+# conv_int8_blas's
+
+
+def _q_limits(geo, dtype) -> str | None:
+    if dtype != "i8":
+        return "int8 only"
+    if not kt.AVAILABLE:
+        return "needs Numba's JIT (POCKET_FP32_TILE=0 opts out)"
+    if geo.k > TILE_Q_MAX_K:
+        return f"needs at most {TILE_Q_MAX_K} rows along K (the panel holds them all)"
+    return None
+
+
+TILE_Q_MAX_K = min(ki.EXACT_K, 512)
+
+
+def _q_prep(ctx, d: dict) -> dict:
+    d.update(_int8_consts(ctx, d["node"], d["w"]))
+    del d["node"]
+    d["w2"] = d["w"].reshape(d["o"], d["k"])
+    d["parts"] = max(1, ctx.threads)
+    d["scratch_at"] = d.get("scratch_bytes", 0)
+    d["scratch_bytes"] = d["scratch_at"] + _aligned(d["parts"] * kt.scratch_floats_q(d["k"]) * 4)
+    return d
+
+
+def _gemm_q(ctx, step, d: dict, y: np.ndarray, x: np.ndarray) -> partial:
+    """The call y (m, O, P) = requantized(w @ x[i] (K, P) + bias_adj) for each of its m images."""
+    m, o, k, p = y.shape[0], d["o"], d["k"], d["p"]
+    tasks = m * -(-p // kt.PB) * -(-o // kt.ROWS)
+    parts = min(d["parts"], tasks) if ctx.parallel(m * o * k * p) else 1
+    scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats_q(k)), d["scratch_at"])
+    wf = prepared(d, "wf", lambda: d["w2"].astype(np.float32))
+    return partial(kt.gemm_q, y.reshape(m, o, p), wf, x, d["bias_adj"], d["m"], d["to_int8"],
+                   d["y_zp"], d["lo"], d["relu"], scratch)
+
+
+@register
+class ConvTileQ(Route):
+    name, op = "conv_tile_q", "conv2d"
+
+    def limits(self, geo, dtype, cpu):
+        return _q_limits(geo, dtype) or pointwise_limit(geo)
+
+    def prepare(self, ctx, node):
+        d = conv_prep(ctx, node, self.name)
+        d["node"] = node
+        return _q_prep(ctx, d)
+
+    def bind(self, ctx, step, node, d, n, pool=None):
+        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        return [_gemm_q(ctx, step, d, y, x.reshape(n, d["k"], d["p"]))]
+
+
+@register
+class ConvTileQCols(Route):
+    name, op = "conv_tile_q_cols", "conv2d"
+
+    def limits(self, geo, dtype, cpu):
+        if geo.groups != 1:
+            return "groups 1 only"
+        return _q_limits(geo, dtype)
+
+    def prepare(self, ctx, node):
+        d = conv_prep(ctx, node, self.name)
+        d["node"] = node
+        d["scratch_bytes"] = _aligned(d["k"] * d["p"] * 4)  # one image's columns (float32 codes)
+        return _q_prep(ctx, d)
+
+    def bind(self, ctx, step, node, d, n, pool=None):
+        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        k, p = d["k"], d["p"]
+        col = ctx.scratch(step, np.float32, (k, p))
+        zp = np.float32(node.attrs["x_zero_point"])
+        calls = []
+        for i in range(n):
+            calls += [_im2col(col, x[i:i + 1], d["geom"], zp, 0, p),
+                      _gemm_q(ctx, step, d, y[i:i + 1], col.reshape(1, k, p))]
         return calls
