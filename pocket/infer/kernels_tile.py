@@ -187,18 +187,29 @@ def gemm_act(c, w, x, b, scratch, act, alpha):
     """c (N, O, P) = act(w (O, K) @ x[i] (K, P) + b (O,)) for each image i; b holds O floats
     (zeros without a bias); scratch (parts, scratch_floats(K)) float32, one row a part.
     Parallel over (image, pixel block, channel group) tasks in `parts` contiguous runs."""
-    n, k, p = x.shape
-    o = w.shape[0]
     parts = scratch.shape[0]
-    nb, ng = (p + PB - 1) // PB, (o + ROWS - 1) // ROWS
-    tasks = n * nb * ng
+    nb, ng, tasks = _tasks(x, w)
     for part in prange(parts):
         t0, t1 = part * tasks // parts, (part + 1) * tasks // parts
         while t0 < t1:  # one (image, block) and its channel groups in this part at a time
-            ib, g0 = t0 // ng, t0 % ng
-            g1 = min(ng, g0 + t1 - t0)
-            _block(c, w, x, b, scratch[part], act, alpha, ib // nb, (ib % nb) * PB, g0, g1)
+            img, p0, g0, g1 = _run(t0, t1, nb, ng)
+            _block(c, w, x, b, scratch[part], act, alpha, img, p0, g0, g1)
             t0 += g1 - g0
+
+
+@njit(cache=True, inline="always")
+def _tasks(x, w):
+    """(pixel blocks an image, channel groups, tasks) of a GEMM of w (O, K) over x (N, K, P)."""
+    nb, ng = (x.shape[2] + PB - 1) // PB, (w.shape[0] + ROWS - 1) // ROWS
+    return nb, ng, x.shape[0] * nb * ng
+
+
+@njit(cache=True, inline="always")
+def _run(t0, t1, nb, ng):
+    """The tasks from t0 on (before t1) that share t0's (image, pixel block): (image, its
+    block's first pixel, first channel group, end group)."""
+    ib, g0 = t0 // ng, t0 % ng
+    return ib // nb, (ib % nb) * PB, g0, min(ng, g0 + t1 - t0)
 
 
 # NOTE: the panel pays from about 8 channel groups on: with fewer, copying the inputs cost more
@@ -316,18 +327,14 @@ def gemm_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch):
     """out (N, O, P) int8 or float32 = kernels_pw.pw_conv_q's epilogue of the exact sums of
     w (O, K) float32 codes @ x[i] (K, P) int8 codes (or their float32 values: im2col columns),
     K <= kernels_int8.EXACT_K; scratch (parts, scratch_floats_q(K)) float32."""
-    n, k, p = x.shape
-    o = w.shape[0]
     parts = scratch.shape[0]
-    nb, ng = (p + PB - 1) // PB, (o + ROWS - 1) // ROWS
-    tasks = n * nb * ng
+    nb, ng, tasks = _tasks(x, w)
     for part in prange(parts):
         t0, t1 = part * tasks // parts, (part + 1) * tasks // parts
         while t0 < t1:
-            ib, g0 = t0 // ng, t0 % ng
-            g1 = min(ng, g0 + t1 - t0)
-            _block_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch[part], ib // nb,
-                     (ib % nb) * PB, g0, g1)
+            img, p0, g0, g1 = _run(t0, t1, nb, ng)
+            _block_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch[part], img, p0,
+                     g0, g1)
             t0 += g1 - g0
 
 

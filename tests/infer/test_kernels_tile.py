@@ -8,6 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+# the float64 activations and the int8 case of the pointwise kernels' tests (this directory is
+# on pytest's path: rootdir-relative imports, as test_route_fuzz's)
+from test_kernels_pw import _int8_case, _naive_act
+
 from pocket.formats import reference as ref
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_tile as kt
@@ -30,20 +34,6 @@ SHAPES = {
     "k-blocks-packed": (2, 9 * kt.ROWS, BK + 1, PB + 3),
 }
 ACTS = {"none": 0.0, "relu": 0.0, "clip": 6.0, "silu": 0.0, "hardswish": 0.0, "leaky_relu": 0.1}
-
-
-def _naive_act(y, act, alpha):
-    if act == "relu":
-        return np.where(y < 0, 0.0, y)
-    if act == "clip":
-        return np.minimum(np.where(y < 0, 0.0, y), alpha)
-    if act == "silu":
-        return y / (1.0 + np.exp(-y))
-    if act == "hardswish":
-        return y * np.clip(y + 3.0, 0.0, 6.0) / 6.0
-    if act == "leaky_relu":
-        return np.where(y >= 0, y, alpha * y)
-    return y
 
 
 def _scratch(parts, k):
@@ -139,17 +129,6 @@ def test_arm_form_matches_naive(tmp_path):
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
-
-
-def _int8_case(n, o, k, p, x_zp):
-    from pocket.formats import quant as qm
-
-    x = RNG.integers(-128, 128, (n, k, p)).astype(np.int8)
-    w_q, w_s = qm.quantize_weights(RNG.standard_normal((o, k, 1, 1)).astype(np.float32))
-    w_q[0, 0] = -128  # the extreme codes: x_q * w_q reaches -128 * -128
-    x[0, 0, 0] = -128
-    b_q = qm.quantize_bias(RNG.standard_normal(o).astype(np.float32), 0.05, w_s)
-    return x, w_q, w_s, b_q
 
 
 @pytest.mark.parametrize("name", SHAPES)

@@ -66,6 +66,18 @@ def _gemm(ctx, step, d: dict, a: dict, y: np.ndarray, x: np.ndarray) -> partial:
                    _act_alpha(a))
 
 
+def _cols_calls(ctx, step, node, d: dict, n: int, pad, gemm) -> list:
+    """Per image: its im2col columns (padding `pad`) into the node's scratch, then
+    gemm(its output (1, O, Ho, Wo), the columns (1, K, P))."""
+    x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+    k, p = d["k"], d["p"]
+    col = ctx.scratch(step, np.float32, (k, p))
+    calls = []
+    for i in range(n):
+        calls += [_im2col(col, x[i:i + 1], d["geom"], pad, 0, p), gemm(y[i:i + 1], col.reshape(1, k, p))]
+    return calls
+
+
 @register
 class ConvTile(Route):
     name, op = "conv_tile", "conv2d"
@@ -102,14 +114,8 @@ class ConvTileCols(Route):
         return _prep(ctx, d)
 
     def bind(self, ctx, step, node, d, n, pool=None):
-        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
-        k, p = d["k"], d["p"]
-        col = ctx.scratch(step, np.float32, (k, p))
-        calls = []
-        for i in range(n):
-            calls += [_im2col(col, x[i:i + 1], d["geom"], np.float32(0), 0, p),
-                      _gemm(ctx, step, d, node.attrs, y[i:i + 1], col.reshape(1, k, p))]
-        return calls
+        return _cols_calls(ctx, step, node, d, n, np.float32(0),
+                           lambda y, col: _gemm(ctx, step, d, node.attrs, y, col))
 
 
 # --------------------------------------------------------------------------- int8
@@ -132,9 +138,8 @@ def _q_limits(geo, dtype) -> str | None:
 TILE_Q_MAX_K = min(ki.EXACT_K, 512)
 
 
-def _q_prep(ctx, d: dict) -> dict:
-    d.update(_int8_consts(ctx, d["node"], d["w"]))
-    del d["node"]
+def _q_prep(ctx, node, d: dict) -> dict:
+    d.update(_int8_consts(ctx, node, d["w"]))
     d["w2"] = d["w"].reshape(d["o"], d["k"])
     d["parts"] = max(1, ctx.threads)
     d["scratch_at"] = d.get("scratch_bytes", 0)
@@ -161,9 +166,7 @@ class ConvTileQ(Route):
         return _q_limits(geo, dtype) or pointwise_limit(geo)
 
     def prepare(self, ctx, node):
-        d = conv_prep(ctx, node, self.name)
-        d["node"] = node
-        return _q_prep(ctx, d)
+        return _q_prep(ctx, node, conv_prep(ctx, node, self.name))
 
     def bind(self, ctx, step, node, d, n, pool=None):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
@@ -181,17 +184,9 @@ class ConvTileQCols(Route):
 
     def prepare(self, ctx, node):
         d = conv_prep(ctx, node, self.name)
-        d["node"] = node
         d["scratch_bytes"] = _aligned(d["k"] * d["p"] * 4)  # one image's columns (float32 codes)
-        return _q_prep(ctx, d)
+        return _q_prep(ctx, node, d)
 
     def bind(self, ctx, step, node, d, n, pool=None):
-        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
-        k, p = d["k"], d["p"]
-        col = ctx.scratch(step, np.float32, (k, p))
-        zp = np.float32(node.attrs["x_zero_point"])
-        calls = []
-        for i in range(n):
-            calls += [_im2col(col, x[i:i + 1], d["geom"], zp, 0, p),
-                      _gemm_q(ctx, step, d, y[i:i + 1], col.reshape(1, k, p))]
-        return calls
+        return _cols_calls(ctx, step, node, d, n, np.float32(node.attrs["x_zero_point"]),
+                           lambda y, col: _gemm_q(ctx, step, d, y, col))
