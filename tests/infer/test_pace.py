@@ -12,7 +12,7 @@ from models import cnn_mnist, quantize_sequential, save_model
 
 from pocket.formats import reference as ref
 from pocket.formats.container import read_container
-from pocket.infer import Engine, pools
+from pocket.infer import Engine, kernels_tile, pools
 from pocket.infer import bound as bound_mod
 from pocket.infer import engine as engine_mod
 from pocket.infer import kernels_blas as kb
@@ -99,6 +99,8 @@ def test_team_solo_and_finishing_solo_write_the_same_bytes(cnn, precision, split
     monkeypatch.setattr(engine_mod, "_PARALLEL_WORK", 0)
     monkeypatch.setattr(engine_mod, "_PARALLEL_WORK_PINNED", 0)
     monkeypatch.setenv("POCKET_SPLIT_GEMM", split)
+    # BLAS GEMMs to split: the portable tile routes (kernels_tile) would take the int8 convs
+    monkeypatch.setattr(kernels_tile, "AVAILABLE", False)
     x = cnn["x"]
     with Engine(cnn[precision], threads=2, max_batch=8) as eng, read_container(cnn[precision]) as c:
         want = ref.run_container(c, x)[c.graph.outputs[0]]
