@@ -52,8 +52,11 @@ def _prep(ctx, d: dict) -> dict:
 
 
 def _bias(d: dict) -> np.ndarray:
-    return prepared(d, "b_full", lambda: np.ascontiguousarray(d["b"], np.float32)
-                    if d["b"].shape[0] else np.zeros(d["o"], np.float32))
+    """The bias the tiles add: the file's, or O zeros made once where the conv has none (the
+    file's own is not copied, nor counted as prepared)."""
+    if d["b"].shape[0]:
+        return d["b"]
+    return prepared(d, "b_zeros", lambda: np.zeros(d["o"], np.float32))
 
 
 def _gemm(ctx, step, d: dict, a: dict, y: np.ndarray, x: np.ndarray) -> partial:
