@@ -81,13 +81,13 @@ def _row(builder, base, r: int, rows, stride):
 
 def _make_tile(nv: int, nr: int = ROWS):
     """c[r, 0:VL nv] = lo <= (b[r] + sum over k < nk of w[r, k] * x[k, 0:VL nv]) <= hi for
-    r < rows (1..nr); addresses in bytes: w (rows ldw apart), x (rows ldx apart), c (rows ldc
-    apart), b. With acc != 0 the sums start from c (a later block of K) and, with fin == 0,
-    the bias and clamp wait for the last block. lo/hi: -inf/inf (none), 0/inf (ReLU), 0/max
-    (clip): NaN passes, as kernels_fp32.relu."""
+    r < rows (1..nr); addresses in bytes: w (a K block of a channel group's pack_weights
+    panel), x (rows ldx apart), c (rows ldc apart), b. With acc != 0 the sums start from c (a
+    later block of K) and, with fin == 0, the bias and clamp wait for the last block. lo/hi:
+    -inf/inf (none), 0/inf (ReLU), 0/max (clip): NaN passes, as kernels_fp32.relu."""
 
     def codegen(context, builder, signature, args):
-        w, ldw, x, ldx, nk, c, ldc, acc, rows, b, fin, lo, hi = args
+        w, x, ldx, nk, c, ldc, acc, rows, b, fin, lo, hi = args
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                              f"llvm.fmuladd.v{VL}f32")
 
@@ -98,7 +98,6 @@ def _make_tile(nv: int, nr: int = ROWS):
                 for r in range(nr)]
         start = builder.icmp_signed("!=", acc, _const(0))
         init = [builder.select(start, load(a), ir.Constant(_VF, None)) for row in c_at for a in row]
-        w_at = [_row(builder, w, r, rows, ldw) for r in range(nr)]
 
         def madds(k, accs, weight):
             """accs + weight(r) * x's row k for each row r (weight: its vector splat)."""
@@ -110,19 +109,20 @@ def _make_tile(nv: int, nr: int = ROWS):
                 out += [builder.call(fma, [wb, xs[v], accs[r * nv + v]]) for v in range(nv)]
             return out
 
-        def step(i, accs):
-            k4 = builder.mul(i, _const(4))
-            return madds(i, accs, lambda r: _splat(builder, builder.load(
-                _ptr(builder, builder.add(w_at[r], k4), _F32), align=4)))
+        def step(k0, wa, i, accs):
+            """step k0 + i, its weights the i-th ROWS floats from address wa on"""
+            wi = builder.add(wa, builder.mul(i, _const(4 * ROWS)))
+            return madds(builder.add(k0, i), accs, lambda r: _splat(builder, builder.load(
+                _ptr(builder, builder.add(wi, _const(4 * r)), _F32), align=4)))
 
         if not W_VECTORS:
-            final = _loop(builder, nk, init, step)
+            final = _loop(builder, nk, init, lambda i, accs: step(_const(0), w, i, accs))
         else:
             def step4(i, accs):
                 # each row's 4 weights as one vector; each step a lane of it (NEON's fmla by
                 # element takes the lane itself: 6 loads per 4 steps, not 24)
-                k16 = builder.mul(i, _const(16))
-                wv = [builder.load(_ptr(builder, builder.add(w_at[r], k16), _V4), align=4)
+                wi = builder.add(w, builder.mul(i, _const(16 * ROWS)))
+                wv = [builder.load(_ptr(builder, builder.add(wi, _const(16 * r)), _V4), align=4)
                       for r in range(nr)]
                 for kk in range(4):
                     lane = ir.Constant(ir.VectorType(_I32, VL), [kk] * VL)
@@ -133,10 +133,10 @@ def _make_tile(nv: int, nr: int = ROWS):
 
             quads = builder.ashr(nk, _const(2))
             final = _loop(builder, quads, init, step4)
-            rest = builder.sub(nk, builder.shl(quads, _const(2)))
-            base = builder.shl(quads, _const(2))
-            final = _loop(builder, rest, final,
-                          lambda i, accs: step(builder.add(base, i), accs))
+            tail = builder.shl(quads, _const(2))
+            rest = builder.sub(nk, tail)
+            wt = builder.add(w, builder.mul(tail, _const(4 * ROWS)))
+            final = _loop(builder, rest, final, lambda i, accs: step(tail, wt, i, accs))
         last = builder.icmp_signed("!=", fin, _const(0))
         vlo, vhi = _splat(builder, lo), _splat(builder, hi)
         for r in range(nr):
@@ -152,8 +152,8 @@ def _make_tile(nv: int, nr: int = ROWS):
         return context.get_dummy_value()
 
     @intrinsic
-    def tile(typingctx, w, ldw, x, ldx, nk, c, ldc, acc, rows, b, fin, lo, hi):
-        return types.void(*[types.intp] * 11, types.float32, types.float32), codegen
+    def tile(typingctx, w, x, ldx, nk, c, ldc, acc, rows, b, fin, lo, hi):
+        return types.void(*[types.intp] * 10, types.float32, types.float32), codegen
 
     return tile
 
@@ -179,7 +179,35 @@ def _copy_pix(typingctx, dst, src, like):
 
     return types.void(types.intp, types.intp, like), codegen
 
+
 BLOCK_K = 128  # rows of inputs a pass: a block's panel (BLOCK_K x PB floats) stays in L2
+
+
+@njit(cache=True, inline="always")
+def k_block(k):
+    """The rows along K a pass: K in even blocks of at most BLOCK_K (147: 76 + 71, not 128 +
+    19), each a multiple of 4 but the last (ARM's weight quads never straddle two blocks)."""
+    return (-(-k // -(-k // BLOCK_K)) + 3) // 4 * 4
+
+
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """w (O, K) float32 -> the tiles' weights (groups of ROWS channels, K * ROWS floats each),
+    made once at load: a group's weights in the order its tiles read them, one sequential
+    stream (read in place, the ROWS rows of a 1000 x 512 layer's weights were K floats apart
+    and came from L3 at each pass: 8% of its time). x86: step k's ROWS weights together; ARM
+    (W_VECTORS): steps 4q..4q+3 of each row together, then K % 4 single steps. Rows past O
+    are zeros (their outputs are computed, never stored)."""
+    o, k = w.shape
+    g = -(-o // ROWS)
+    t = np.zeros((g * ROWS, k), np.float32)
+    t[:o] = w
+    t = t.reshape(g, ROWS, k)
+    if not W_VECTORS:
+        return np.ascontiguousarray(t.transpose(0, 2, 1)).reshape(g, k * ROWS)
+    k4 = k - k % 4
+    quads = t[:, :, :k4].reshape(g, ROWS, k4 // 4, 4).transpose(0, 2, 1, 3).reshape(g, k4 * ROWS)
+    rest = t[:, :, k4:].transpose(0, 2, 1).reshape(g, (k - k4) * ROWS)
+    return np.ascontiguousarray(np.concatenate([quads, rest], axis=1))
 
 
 @njit(cache=True)
@@ -203,11 +231,12 @@ def scratch_floats(k: int) -> int:
 
 @kernel
 def gemm_act(c, w, x, b, scratch, act, alpha):
-    """c (N, O, P) = act(w (O, K) @ x[i] (K, P) + b (O,)) for each image i; b holds O floats
-    (zeros without a bias); scratch (parts, scratch_floats(K)) float32, one row a part.
-    Parallel over (image, pixel block, channel group) tasks in `parts` contiguous runs."""
+    """c (N, O, P) = act(w @ x[i] (K, P) + b (O,)) for each image i, w the (O, K) weights as
+    pack_weights lays them; b holds O floats (zeros without a bias); scratch (parts,
+    scratch_floats(K)) float32, one row a part. Parallel over (image, pixel block, channel
+    group) tasks in `parts` contiguous runs."""
     parts = scratch.shape[0]
-    nb, ng, tasks = _tasks(x, w)
+    nb, ng, tasks = _tasks(x, c.shape[1])
     for part in prange(parts):
         t0, t1 = part * tasks // parts, (part + 1) * tasks // parts
         while t0 < t1:  # one (image, block) and its channel groups in this part at a time
@@ -217,9 +246,9 @@ def gemm_act(c, w, x, b, scratch, act, alpha):
 
 
 @njit(cache=True, inline="always")
-def _tasks(x, w):
-    """(pixel blocks an image, channel groups, tasks) of a GEMM of w (O, K) over x (N, K, P)."""
-    nb, ng = (x.shape[2] + PB - 1) // PB, (w.shape[0] + ROWS - 1) // ROWS
+def _tasks(x, o):
+    """(pixel blocks an image, channel groups, tasks) of a GEMM of O channels over x (N, K, P)."""
+    nb, ng = (x.shape[2] + PB - 1) // PB, (o + ROWS - 1) // ROWS
     return nb, ng, x.shape[0] * nb * ng
 
 
@@ -243,7 +272,7 @@ def _block(c, w, x, b, scratch, act, alpha, img, p0, g0, g1):
     rows, zeros past p) and every group's tiles read it; with fewer, the tiles read x in place
     and only the last 1-7 pixels go through the panel."""
     n, k, p = x.shape
-    o = w.shape[0]
+    o = c.shape[1]
     p1 = min(p, p0 + PB)
     m = p1 - p0
     full = m // PIX * PIX  # pixels in whole tiles
@@ -256,8 +285,8 @@ def _block(c, w, x, b, scratch, act, alpha, img, p0, g0, g1):
     nkb = min(k, BLOCK_K)
     ca_tail = sa + nkb * (PB + VL) * 4  # the tail tile's outputs (ROWS x VL)
     cs = scratch[nkb * (PB + VL):nkb * (PB + VL) + ROWS * VL]
-    ldw, ld = k * 4, p * 4
-    kb = -(-k // -(-k // BLOCK_K))  # K in even blocks (147: 74 + 73, not 128 + 19)
+    ld = p * 4
+    kb = k_block(k)
     for k0 in range(0, k, kb):
         nk = min(kb, k - k0)
         if packed:
@@ -269,22 +298,22 @@ def _block(c, w, x, b, scratch, act, alpha, img, p0, g0, g1):
         for g in range(g0, g1):
             o0 = g * ROWS
             rows = min(ROWS, o - o0)
-            wk, ci, bb = wa + o0 * ldw + k0 * 4, ca + ((img * o + o0) * p + p0) * 4, ba + o0 * 4
+            wk, ci, bb = wa + (g * k + k0) * ROWS * 4, ca + ((img * o + o0) * p + p0) * 4, ba + o0 * 4
             for q in range(0, full, PIX):
                 if packed:
-                    _tile(wk, ldw, sa + q * nk * 4, PIX * 4, nk, ci + q * 4, ld, first, rows, bb,
+                    _tile(wk, sa + q * nk * 4, PIX * 4, nk, ci + q * 4, ld, first, rows, bb,
                           fin, flo, fhi)
                 else:
-                    _tile(wk, ldw, xk + q * 4, ld, nk, ci + q * 4, ld, first, rows, bb, fin, flo,
+                    _tile(wk, xk + q * 4, ld, nk, ci + q * 4, ld, first, rows, bb, fin, flo,
                           fhi)
             for q in range(full, m, VL):  # the panel's VL-wide rows
                 xq = sa + q * nk * 4
                 if q + VL <= m:
                     if packed:
-                        _tile8(wk, ldw, xq, VL * 4, nk, ci + q * 4, ld, first, rows, bb, fin, flo,
+                        _tile8(wk, xq, VL * 4, nk, ci + q * 4, ld, first, rows, bb, fin, flo,
                                fhi)
                     else:
-                        _tile8(wk, ldw, xk + q * 4, ld, nk, ci + q * 4, ld, first, rows, bb, fin,
+                        _tile8(wk, xk + q * 4, ld, nk, ci + q * 4, ld, first, rows, bb, fin,
                                flo, fhi)
                     continue
                 # NOTE: the last 1-7 pixels: the panel is zero past them, the outputs go
@@ -294,7 +323,7 @@ def _block(c, w, x, b, scratch, act, alpha, img, p0, g0, g1):
                     for r in range(rows):
                         for j in range(left):
                             cs[r * VL + j] = c[img, o0 + r, p0 + q + j]
-                _tile8(wk, ldw, xq, VL * 4, nk, ca_tail, VL * 4, first, rows, bb, fin, flo, fhi)
+                _tile8(wk, xq, VL * 4, nk, ca_tail, VL * 4, first, rows, bb, fin, flo, fhi)
                 for r in range(rows):
                     for j in range(left):
                         c[img, o0 + r, p0 + q + j] = cs[r * VL + j]
@@ -344,10 +373,11 @@ def scratch_floats_q(k: int) -> int:
 @kernel
 def gemm_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch):
     """out (N, O, P) int8 or float32 = kernels_pw.pw_conv_q's epilogue of the exact sums of
-    w (O, K) float32 codes @ x[i] (K, P) int8 codes (or their float32 values: im2col columns),
-    K <= kernels_int8.EXACT_K; scratch (parts, scratch_floats_q(K)) float32."""
+    w @ x[i] (K, P) int8 codes (or their float32 values: im2col columns), w the (O, K) codes as
+    float32 laid by pack_weights, K <= kernels_int8.EXACT_K; scratch (parts,
+    scratch_floats_q(K)) float32."""
     parts = scratch.shape[0]
-    nb, ng, tasks = _tasks(x, w)
+    nb, ng, tasks = _tasks(x, out.shape[1])
     for part in prange(parts):
         t0, t1 = part * tasks // parts, (part + 1) * tasks // parts
         while t0 < t1:
@@ -360,7 +390,7 @@ def gemm_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch):
 @njit(cache=True)
 def _block_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch, img, p0, g0, g1):
     n, k, p = x.shape
-    o = w.shape[0]
+    o = out.shape[1]
     m_ = min(p, p0 + PB) - p0
     full = m_ // PIX * PIX
     lda = PB + VL
@@ -375,12 +405,12 @@ def _block_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch, img, p0, 
     for g in range(g0, g1):
         o0 = g * ROWS
         rows = min(ROWS, o - o0)
-        wk = wa + o0 * k * 4
+        wk = wa + g * k * ROWS * 4
         for q in range(0, full, PIX):
-            _tile(wk, k * 4, sa + q * k * 4, PIX * 4, k, aa + q * 4, lda * 4, 0, rows, ba, 1, -inf,
+            _tile(wk, sa + q * k * 4, PIX * 4, k, aa + q * 4, lda * 4, 0, rows, ba, 1, -inf,
                   inf)
         for q in range(full, m_, VL):  # the panel's VL-wide rows (their last may run past m_)
-            _tile8(wk, k * 4, sa + q * k * 4, VL * 4, k, aa + q * 4, lda * 4, 0, rows, ba, 1, -inf,
+            _tile8(wk, sa + q * k * 4, VL * 4, k, aa + q * 4, lda * 4, 0, rows, ba, 1, -inf,
                    inf)
         for r in range(rows):
             _requant_row(of, (img * o + o0 + r) * p + p0, scratch, at + r * lda, m_,

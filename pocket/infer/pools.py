@@ -167,9 +167,11 @@ def call_work(call: partial, spinning: bool = False) -> int:
 
     if call.func is np.matmul:
         return call.keywords["out"].size * call.args[0].shape[-1]
-    if call.func is kp.pw_conv or call.func is kp.pw_conv_q or call.func is kt.gemm_act:
+    if call.func is kp.pw_conv or call.func is kp.pw_conv_q:
         # out (N, O, P), x (N, K, P)
         return call.args[0].size * call.args[1].shape[1]
+    if call.func is kt.gemm_act:  # out (N, O, P), w, x (N, K, P)
+        return call.args[0].size * call.args[2].shape[1]
     # NOTE: a VNNI multiply-add costs about a quarter of a float32 one
     if call.func is kv.gemm_cols:
         return call.args[0].size * call.args[2].shape[0]

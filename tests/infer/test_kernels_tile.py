@@ -56,7 +56,7 @@ def test_gemm_act_matches_naive_and_reference(name, act):
     o = w.shape[0]
     alpha = ACTS[act]
     out = np.full((n, o, p), np.nan, np.float32)
-    kt.gemm_act.serial(out, w, x, b, _scratch(1, k), kf.ACT[act], alpha)
+    kt.gemm_act.serial(out, kt.pack_weights(w), x, b, _scratch(1, k), kf.ACT[act], alpha)
     w64, x64 = w.astype(np.float64), x.astype(np.float64)
     pre = np.einsum("ok,nkp->nop", w64, x64) + b.reshape(1, o, 1)
     bound = 1e-5 * (np.einsum("ok,nkp->nop", np.abs(w64), np.abs(x64)) + np.abs(b).reshape(1, o, 1))
@@ -77,11 +77,12 @@ def test_gemm_act_writes_only_its_output():
     x = RNG.standard_normal((1, k, p)).astype(np.float32)
     w = RNG.standard_normal((o, k)).astype(np.float32)
     out2 = np.full((n, o, p), np.nan, np.float32)
-    kt.gemm_act.serial(out2, w, x, np.zeros(o, np.float32), _scratch(1, k), kf.ACT["none"], 0.0)
+    wt = kt.pack_weights(w)
+    kt.gemm_act.serial(out2, wt, x, np.zeros(o, np.float32), _scratch(1, k), kf.ACT["none"], 0.0)
     np.testing.assert_allclose(out2[0], w.astype(np.float64) @ x[0].astype(np.float64),
                                rtol=1e-5, atol=1e-5)
     flat = np.full(o * p + 40, 3.0, np.float32)
-    kt.gemm_act.serial(flat[:o * p].reshape(1, o, p), w, x, np.zeros(o, np.float32), _scratch(1, k),
+    kt.gemm_act.serial(flat[:o * p].reshape(1, o, p), wt, x, np.zeros(o, np.float32), _scratch(1, k),
                        kf.ACT["relu"], 0.0)
     assert np.all(flat[o * p:] == 3.0)
 
@@ -94,7 +95,8 @@ def test_gemm_act_nan_input_and_relu():
     x[0, 3, 36] = np.nan  # in the tail
     w = RNG.standard_normal((o, k)).astype(np.float32)
     out = np.full((n, o, p), 7.0, np.float32)
-    kt.gemm_act.serial(out, w, x, np.zeros(o, np.float32), _scratch(1, k), kf.ACT["relu"], 0.0)
+    kt.gemm_act.serial(out, kt.pack_weights(w), x, np.zeros(o, np.float32), _scratch(1, k),
+                       kf.ACT["relu"], 0.0)
     assert np.all(np.isnan(out[0, :, 5])) and np.all(np.isnan(out[0, :, 36]))
     keep = np.delete(np.arange(p), [5, 36])
     twin = np.maximum(w.astype(np.float64) @ x[0][:, keep].astype(np.float64), 0)
@@ -108,24 +110,25 @@ def test_gemm_act_same_bytes_for_any_split(name):
     x, w, b = _case(name)
     n, k, p = x.shape
     one = np.full((n, w.shape[0], p), np.nan, np.float32)
-    kt.gemm_act.serial(one, w, x, b, _scratch(1, k), kf.ACT["silu"], 0.0)
+    kt.gemm_act.serial(one, kt.pack_weights(w), x, b, _scratch(1, k), kf.ACT["silu"], 0.0)
     for parts in (2, 3, 7):
         got = np.full_like(one, np.nan)
-        kt.gemm_act(got, w, x, b, _scratch(parts, k), kf.ACT["silu"], 0.0)
+        kt.gemm_act(got, kt.pack_weights(w), x, b, _scratch(parts, k), kf.ACT["silu"], 0.0)
         np.testing.assert_array_equal(got, one, err_msg=f"{name}, {parts} parts")
 
 
 def test_arm_form_matches_naive(tmp_path):
     """The tiles' ARM form (each row's weights 4 steps at a time as a vector, then the steps
-    left one at a time) through the same checks, compiled on this CPU in a worker with a Numba
-    cache of its own."""
+    left one at a time; pack_weights' quads) through the same checks (float32 and int8),
+    compiled on this CPU in a worker with a Numba cache of its own."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "POCKET_TILE_WVECTORS": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-                           "-k", "naive_and_reference and (relu or silu or none)"],
+                           "-k", "naive_and_reference and (relu or silu or none) or gemm_q_exact and "
+                                 "i8-relu"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
@@ -165,5 +168,6 @@ def test_gemm_q_exact(name, mode):
             continue  # the parallel twin for one mode (each compile takes seconds)
         out = np.full((n, o, p), 99 if to_int8 else np.nan, np.int8 if to_int8 else np.float32)
         scratch = np.full((parts, kt.scratch_floats_q(k)), np.nan, np.float32)
-        fn(out, w2.astype(np.float32), x, bias_adj, m, to_int8, float(y_zp), lo, relu, scratch)
+        fn(out, kt.pack_weights(w2.astype(np.float32)), x, bias_adj, m, to_int8, float(y_zp), lo,
+           relu, scratch)
         assert np.array_equal(out, want), (name, parts)

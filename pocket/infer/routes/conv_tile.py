@@ -42,7 +42,7 @@ def _declines(geo, most: int) -> str | None:
 
 
 def _prep(ctx, d: dict) -> dict:
-    """The weights as (O, K) and the bias (O zeros without one); the scratch: one
+    """The weights as (O, K) (laid out for the tiles at the first bind); the scratch: one
     kernels_tile panel a thread."""
     d["w2"] = d["w"].reshape(d["o"], d["k"])
     d["parts"] = max(1, ctx.threads)
@@ -65,7 +65,8 @@ def _gemm(ctx, step, d: dict, a: dict, y: np.ndarray, x: np.ndarray) -> partial:
     tasks = m * -(-p // kt.PB) * -(-o // kt.ROWS)
     parts = min(d["parts"], tasks) if ctx.parallel(m * o * k * p) else 1
     scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats(k)), d["scratch_at"])
-    return partial(kt.gemm_act, y.reshape(m, o, p), d["w2"], x, _bias(d), scratch, _act_code(a),
+    wt = prepared(d, "w_tiles", lambda: kt.pack_weights(d["w2"]))
+    return partial(kt.gemm_act, y.reshape(m, o, p), wt, x, _bias(d), scratch, _act_code(a),
                    _act_alpha(a))
 
 
@@ -124,8 +125,7 @@ class ConvTileCols(Route):
 # --------------------------------------------------------------------------- int8
 #
 # NOTE: the whole of K sits in the panel (kernels_tile.gemm_q), so these routes stop at
-# TILE_Q_MAX_K; the float32 copy of the int8 weights is made once (base.prepared), as
-# conv_int8_blas's
+# TILE_Q_MAX_K; the int8 weights are laid out for the tiles as float32 once (base.prepared)
 
 
 def _q_limits(geo, dtype) -> str | None:
@@ -156,7 +156,7 @@ def _gemm_q(ctx, step, d: dict, y: np.ndarray, x: np.ndarray) -> partial:
     tasks = m * -(-p // kt.PB) * -(-o // kt.ROWS)
     parts = min(d["parts"], tasks) if ctx.parallel(m * o * k * p) else 1
     scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats_q(k)), d["scratch_at"])
-    wf = prepared(d, "wf", lambda: d["w2"].astype(np.float32))
+    wf = prepared(d, "w_tiles", lambda: kt.pack_weights(d["w2"].astype(np.float32)))
     return partial(kt.gemm_q, y.reshape(m, o, p), wf, x, d["bias_adj"], d["m"], d["to_int8"],
                    d["y_zp"], d["lo"], d["relu"], scratch)
 
