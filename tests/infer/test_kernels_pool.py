@@ -43,8 +43,10 @@ def _input(dtype, shape):
 
 @pytest.mark.parametrize("geom", GEOMS, ids=lambda g: "k{}x{}s{}{}p{}{}".format(*g))
 @pytest.mark.parametrize("dtype", [np.float32, np.int8], ids=["f32", "i8"])
-@pytest.mark.parametrize("shape", [(2, 3, 7, 9), (1, 2, 5, 4)])
+@pytest.mark.parametrize("shape", [(2, 3, 7, 9), (1, 2, 5, 4), (1, 2, 6, 41), (1, 1, 5, 70)])
 def test_maxpool_sep_matches_naive(geom, dtype, shape):
+    """Rows narrower than a vector (scalar loops only) and wider (vectors, then the last
+    elements scalar; 41 and 70 columns: 8-float and 16-code vectors with tails)."""
     kh, kw, sh, sw, ph, pw = geom
     if shape[2] + 2 * ph < kh or shape[3] + 2 * pw < kw:
         pytest.skip("window larger than the padded map")
