@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import platform
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
+from pocket.infer.kernels_dwflat import flat_sums
 from pocket.infer.kernels_fp32 import act_inplace, relu
 from pocket.infer.kernels_int8 import _code_clamped, _epilogue, total32
 from pocket.infer.kernels_vnni import _const, _loop, _ptr
@@ -317,6 +319,9 @@ def _dw_plane_q(of, ob, xf, xb, wf, wb, bq, g, box, ho, zp, epi):
 # Each part (a thread's share of the N*C planes) has its own scratch row: the padded plane
 # (or phases) and the flat outputs (float32, or int32 sums for int8).
 
+# the LLVM-vector parts (kernels_dwflat's sums, _split_pairs); without Numba's JIT (they cannot
+# run as Python) the Numba loops that they replaced
+VECTORS = not numba.config.DISABLE_JIT
 VEC = 16  # outputs per chunk of the flat loop
 # rows at least this wide split into their stride-2 phases as one loop over column pairs
 # (see _pad_plane): 48 on x86 (timed), 8 elsewhere (the Pi 5's instruction counts); from
@@ -423,7 +428,7 @@ def _pad_plane(xp, xf, src, h, wd, ph, pw, pitch, plane, sh):
     for ih in range(h):
         r = ih + ph
         d0, s0 = (r & 1) * 2 * plane + (r >> 1) * pitch, src + ih * wd
-        if wd < PHASE_PAIRS and wd < 2 * SPLIT_LANES:
+        if wd < PHASE_PAIRS and (wd < 2 * SPLIT_LANES or not VECTORS):
             for iw in range(wd):
                 c = iw + pw
                 xp[np.uint64(d0 + (c & 1) * plane + (c >> 1))] = xf[np.uint64(s0 + iw)]
@@ -433,7 +438,7 @@ def _pad_plane(xp, xf, src, h, wd, ph, pw, pitch, plane, sh):
         # loop then barely runs). Input column iw lands in phase (iw + pw) & 1 at (iw + pw) >> 1.
         da = d0 + (pw & 1) * plane + (pw >> 1)
         db = d0 + (1 - (pw & 1)) * plane + ((pw + 1) >> 1)
-        if wd >= 2 * SPLIT_LANES:
+        if VECTORS and wd >= 2 * SPLIT_LANES:
             xa, fa = np.int64(xp.ctypes.data), np.int64(xf.ctypes.data)
             _split_pairs(xa + da * xp.itemsize, xa + db * xp.itemsize, fa + s0 * xf.itemsize,
                          wd >> 1, xp, xf)
@@ -458,8 +463,12 @@ def _tap(i, j, pitch, plane, S):
 def _flat_f32(tmp, xp, wf, wb, bo, n_out, pitch, plane, KH, KW, S):
     """tmp[t] = bo + the sum of output t's taps, for t < n_out (a multiple of VEC).
 
-    NOTE: blocks of BLOCK outputs where n_out allows: each lane's sum is a chain of kh*kw
-    dependent multiply-adds, and VEC outputs (two vectors) left the FMA units waiting on it."""
+    kernels_dwflat's vectors; without the JIT, Numba loops over blocks of BLOCK outputs where
+    n_out allows (each lane's sum is a chain of kh*kw dependent multiply-adds: VEC outputs, two
+    vectors, left the FMA units waiting on it)."""
+    if VECTORS:
+        flat_sums(tmp, xp, wf, wb, bo, n_out, pitch, plane, KH, S)
+        return
     wide = n_out - n_out % BLOCK
     for t0 in range(0, wide, BLOCK):
         for u in range(BLOCK):

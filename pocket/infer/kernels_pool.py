@@ -22,6 +22,7 @@ rows narrower than a vector take the scalar loops. SqueezeNet's three 3x3/2 pool
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -32,6 +33,8 @@ from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import nanmax
 from pocket.infer.kernels_vnni import _const, _loop, _ptr
 
+# the vector passes; without Numba's JIT (they cannot run as Python) the scalar loops
+VECTORS = not numba.config.DISABLE_JIT
 SLACK = 64  # elements past a row buffer's windows: the stride-2 loads' last (unused) lanes
 
 
@@ -176,8 +179,8 @@ def _pool_part(out, x, buf, first, last, kh, kw, sh, sw, ph, pw, lowest):
     mid = buf[pw:pw + w]
     size, lanes = x.itemsize, lanes_of(x)
     xa, ba, oa = np.int64(x.ctypes.data), np.int64(buf.ctypes.data), np.int64(out.ctypes.data)
-    vw = w >= lanes  # the rows in vectors (the last one overlapping), else scalar
-    vo = sw == 2 and (kw == 2 or kw == 3) and wo >= lanes
+    vw = VECTORS and w >= lanes  # the rows in vectors (the last one overlapping), else scalar
+    vo = VECTORS and sw == 2 and (kw == 2 or kw == 3) and wo >= lanes
     for nc in range(first, last):
         xb, ob = nc * h * w, nc * ho * wo
         for oh in range(ho):

@@ -120,3 +120,35 @@ def test_global_avgpool_sums_in_float64(p):
         assert np.isnan(out[0, 1]) and out[1, 2] == np.inf
         ok = np.isfinite(want)
         assert np.all(np.abs(out[ok] - want[ok]) <= np.spacing(np.float32(want[ok])))
+
+
+def test_without_the_jit(tmp_path):
+    """NUMBA_DISABLE_JIT=1 (every kernel as Python): the LLVM-vector passes of maxpool_sep and
+    of the padded depthwise convs cannot run there; their scalar loops give the naive results."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np
+from pocket.infer import kernels_dw as kd, kernels_pool as kp
+assert not kp.VECTORS and not kd.VECTORS
+x = np.random.default_rng(1).standard_normal((1, 2, 9, 33)).astype(np.float32)
+out = np.empty((1, 2, 4, 16), np.float32)
+rows = np.empty((1, kp.row_width(33, 16, 3, 2, 0)), np.float32)
+kp.maxpool_sep.serial(out, x, rows, 3, 3, 2, 2, 0, 0, np.float32(-np.inf))
+want = np.max([x[:, :, i:i + 7:2, j:j + 31:2] for i in range(3) for j in range(3)], axis=0)
+assert np.array_equal(out, want)
+w = np.random.default_rng(2).standard_normal((2, 1, 3, 3)).astype(np.float32)
+b = np.zeros(2, np.float32)
+y = np.empty((1, 2, 5, 17), np.float32)
+a, t = kd.padded_sizes(9, 33, 5, 17, 2, 1, 1)
+kd.dw_conv_padded.serial(y, x, w, b, np.zeros((1, a), np.float32), np.zeros((1, t), np.float32),
+                         2, 1, 1, 0, 0.0)
+xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+want = sum(w[None, :, 0, i, j, None, None] * xp[:, :, i:i + 9:2, j:j + 33:2]
+           for i in range(3) for j in range(3))
+assert np.allclose(y, want, atol=1e-5)
+"""
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600)
