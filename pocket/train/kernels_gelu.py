@@ -5,7 +5,7 @@ call an element, ~12 ns, which keeps a loop scalar: GELU's erf was half of its t
 transformer's training step); float64 stays on math.erf, in the same order of operations as
 the NumPy formula it replaces, so float64 training still matches torch to rounding.
 
-NOTE: erf32/erfc32/exp32 are twins of pocket.infer.kernels_fp32's (pocket.train may not import
+NOTE: erf32/erfc32/exp32 are twins of pocket.infer.kernels_math's (pocket.train may not import
 pocket.infer, nor the engine the trainer); tests/train/test_gelu_erf.py checks that both give
 the same bits and both against math.erf.
 """
@@ -51,7 +51,7 @@ def _f32_from_bits(typingctx, bits):
 @intrinsic
 def fdiv(typingctx, a, b):
     """a / b as one IEEE division: Numba's `/` tests for a zero divisor, which keeps loops
-    scalar (see pocket.infer.kernels_fp32.fdiv)."""
+    scalar (see pocket.infer.kernels_math.fdiv)."""
     if a != b or not isinstance(a, types.Float):
         return None
     sig = a(a, b)
@@ -64,7 +64,7 @@ def fdiv(typingctx, a, b):
 
 @njit(cache=True, inline="always")
 def exp32(x):
-    """exp(x) in float32 to about 1 ulp, vectorizable; pocket.infer.kernels_fp32.exp32's twin
+    """exp(x) in float32 to about 1 ulp, vectorizable; pocket.infer.kernels_math.exp32's twin
     (its docstring says how and why)."""
     x = np.float32(-86.9) if x < np.float32(-86.9) else (np.float32(89.0) if x > np.float32(89.0) else x)
     n = np.floor((x if x == x else np.float32(0.0)) * np.float32(_LOG2E) + np.float32(0.5))
