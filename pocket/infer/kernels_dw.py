@@ -327,7 +327,13 @@ VEC = 16  # outputs per chunk of the flat loop
 # (see _pad_plane): 48 on x86 (timed), 8 elsewhere (the Pi 5's instruction counts); from
 # 2 SPLIT_LANES columns on, as _split_pairs' vectors (96 x 112 x 112: 0.20 -> 0.15 ms; 480 x
 # 28 x 28: 0.16 -> 0.06)
-PHASE_PAIRS = 48 if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86") else 8
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+PHASE_PAIRS = 48 if _X86 else 8
+# int8 planes summed in float32 (dw_conv_padded_qf) or in int32 (dw_conv_padded_q): on x86 the
+# float32 FMAs ran 1.1-1.35x faster on stride 1 and 5x5 (3x3 stride 2 keeps the int32 loop);
+# on the Pi 5 the int32 loop took 5-19% fewer instructions on every layer measured (3x3 and
+# 5x5, stride 1 and 2, 8x8 to 64x64 planes: the float32 route converts each plane first)
+FLOAT_SUMS = _X86
 SPLIT_LANES = 8  # column pairs a vector step of _split_pairs
 
 

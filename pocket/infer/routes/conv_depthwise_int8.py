@@ -29,9 +29,10 @@ class ConvDepthwiseInt8(Route):
         d.update(_int8_consts(ctx, node, d["w"]))
         # b_q itself: the kernel folds x_zp out per plane (the border taps need it unfolded)
         d["b_q"] = ctx.params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_I32
-        # float32 sums (kd.dw_conv_padded_qf) except on 3x3 stride 2, where the int8 planes win
+        # float32 sums (kd.dw_conv_padded_qf) where kd.FLOAT_SUMS (x86), except on 3x3 stride 2,
+        # where the int8 planes win
         kh, sh = d["geom"][0], d["geom"][2]
-        d["float_sums"] = sh == 1 or kh == 5
+        d["float_sums"] = kd.FLOAT_SUMS and (sh == 1 or kh == 5)
         padded_prep(ctx, d, (4 if d["float_sums"] else 1, 4, 1 if d["to_int8"] else 4))
         return d
 
