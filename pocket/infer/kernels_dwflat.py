@@ -25,7 +25,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from pocket.infer.kernels_vnni import _const, _loop, _ptr
+from pocket.infer.kernels_vnni import _const, _loop, _ptr, _splat
 
 VL = 8  # floats a vector
 CHUNK = 64  # outputs a chunk (8 vectors)
@@ -42,9 +42,7 @@ def _make_flat(kh: int, kw: int, stride: int, nv: int):
         tmp, xp, w, bo, t0, count, pitch, plane = args
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                              f"llvm.fmuladd.v{VL}f32")
-        one = builder.insert_element(ir.Constant(_VF, ir.Undefined), bo, ir.Constant(ir.IntType(32), 0))
-        zeros = ir.Constant(ir.VectorType(ir.IntType(32), VL), None)
-        vbo = builder.shuffle_vector(one, ir.Constant(_VF, ir.Undefined), zeros)
+        vbo = _splat(builder, bo, _VF)
 
         def tap_base(i, j):
             """Byte offset of tap (i, j)'s first input from an output's, less its column."""
@@ -69,11 +67,8 @@ def _make_flat(kh: int, kw: int, stride: int, nv: int):
             x0 = builder.add(xp, at)
             accs = [vbo] * nv
             for base, col, wo in taps:
-                wv = builder.load(_ptr(builder, builder.add(w, _const(wo)), _F32), align=4)
-                wb = builder.shuffle_vector(
-                    builder.insert_element(ir.Constant(_VF, ir.Undefined), wv,
-                                           ir.Constant(ir.IntType(32), 0)),
-                    ir.Constant(_VF, ir.Undefined), zeros)
+                wb = _splat(builder, builder.load(_ptr(builder, builder.add(w, _const(wo)), _F32),
+                                                  align=4), _VF)
                 xa = builder.add(builder.add(x0, base), _const(col))
                 accs = [builder.call(fma, [wb, builder.load(
                     _ptr(builder, builder.add(xa, _const(4 * VL * v)), _VF), align=4), accs[v]])

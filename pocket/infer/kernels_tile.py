@@ -37,6 +37,7 @@ from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import act_inplace
 from pocket.infer.kernels_pw import _requant_row
 from pocket.infer.kernels_vnni import _const, _loop, _ptr
+from pocket.infer.kernels_vnni import _splat as _vsplat
 
 VL = 8  # floats a vector
 # NOTE: on ARM the weights load 4 steps at a time as a vector (fmla by element); on x86 one at a
@@ -66,9 +67,7 @@ _VF, _V4 = ir.VectorType(_F32, VL), ir.VectorType(_F32, 4)
 
 
 def _splat(builder, val):
-    one = builder.insert_element(ir.Constant(_VF, ir.Undefined), val, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(_VF, ir.Undefined),
-                                  ir.Constant(ir.VectorType(_I32, VL), None))
+    return _vsplat(builder, val, _VF)
 
 
 def _row(builder, base, r: int, rows, stride):

@@ -90,9 +90,10 @@ def _ptr(builder, addr, ty):
 
 
 def _splat(builder, val, vty):
-    """A vector of type vty (16 lanes) with every lane val."""
+    """A vector of type vty (any number of lanes) with every lane val."""
     one = builder.insert_element(ir.Constant(vty, ir.Undefined), val, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(_V16, None))
+    return builder.shuffle_vector(one, ir.Constant(vty, ir.Undefined),
+                                  ir.Constant(ir.VectorType(_I32, vty.count), None))
 
 
 def _lanes_below(builder, n):
