@@ -115,6 +115,8 @@ def _conv_strategy(st, draw, dtype: str, wino: bool, pitch: bool = False) -> dic
             for r in reach)
         lo = [max(1, reach[i] + 1 - 2 * p[i]) for i in range(2)]
         h, w = draw(st.integers(lo[0], lo[0] + 11)), draw(st.integers(lo[1], lo[1] + 11))
+        if pointwise and draw(st.sampled_from([True, False, False])):
+            h = w = 1  # a squeeze-and-excitation conv's 1x1 map (conv_gemv)
         if s == (1, 1) and draw(st.booleans()):
             # NOTE: a boundary value: the maps whose pixels, laid at the pitch of a row and its
             # left padding (kernels_fma's and kernels_vnni's stride-1 layouts), fill whole
