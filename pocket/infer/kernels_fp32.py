@@ -44,8 +44,8 @@ ACT = ops.activation_codes()  # name -> code, each op's Fusion.code in pocket/fo
 def act_run(dst, d0, src, s0, n, bo, act, alpha):
     """dst[d0 + i] = activation(src[s0 + i] + bo) for i < n, dst and src apart (in place:
     act_inplace): one loop per activation, so each vectorizes: none/ReLU/relu6
-    exact in float32, hardswish and hardsigmoid in float64 rounded once (equal to
-    activate()), sigmoid and SiLU in float32 on exp32, GELU on erfc32 (within a few ulp of
+    exact in float32, hardswish and hardsigmoid in float32 as kernels_fma's tiles (within
+    2 ulp of the float64 formula), sigmoid and SiLU in float32 on exp32, GELU on erfc32 (within a few ulp of
     activate(): float32 rounding, as the GEMMs' sums; GELU's left tail within 1e-6 relative
     to x = -4.2, 8e-6 to -13); the others scalar through activate().
 
@@ -93,13 +93,35 @@ def _act_loops(dst, d0, src, s0, n, bo, act, alpha):
             dst[d + np.uint64(i)] = np.float32(0.5) * v * erfc32(v * np.float32(-_INV_SQRT2))
     elif act == 7:
         for i in range(n):
-            dst[d + np.uint64(i)] = activate(np.float64(src[s + np.uint64(i)] + bo), 7, alpha)
+            v = src[s + np.uint64(i)] + bo
+            # (from 3 on the formula is v itself: exact, and inf stays inf)
+            h = _div6_32(v * _relu6_32(v + np.float32(3.0)))
+            dst[d + np.uint64(i)] = v if v >= np.float32(3.0) else h
     elif act == 8:
         for i in range(n):
-            dst[d + np.uint64(i)] = activate(np.float64(src[s + np.uint64(i)] + bo), 8, alpha)
+            v = src[s + np.uint64(i)] + bo
+            dst[d + np.uint64(i)] = _div6_32(_relu6_32(v + np.float32(3.0)))  # hardsigmoid
     else:
         for i in range(n):
             dst[d + np.uint64(i)] = activate(np.float64(src[s + np.uint64(i)] + bo), act, alpha)
+
+
+@njit(cache=True, inline="always")
+def _relu6_32(t):
+    """min(max(t, 0), 6) in float32, NaN kept."""
+    t = np.float32(0.0) if t < np.float32(0.0) else t
+    return np.float32(6.0) if t > np.float32(6.0) else t
+
+
+@njit(cache=True, inline="always")
+def _div6_32(p):
+    """p / 6 in float32 as q = p * (1/6) and one correction by the residual p - 6q, both
+    contracted to FMAs where the CPU has them (kernels_fma._div6's step): correctly rounded
+    there, within an ulp without FMA; NaN stays NaN, inf gives NaN (hardswish takes its
+    inputs from 3 on as they are)."""
+    q = p * np.float32(1.0 / 6.0)
+    r = p - q * np.float32(6.0)
+    return q + r * np.float32(1.0 / 6.0)
 
 
 # NOTE: NaN propagates through ReLU and max pooling, as in formats/reference.py (np.maximum),

@@ -1,6 +1,7 @@
 """kernels_fp32's vectorized activations (act_run, exp32) against float64 NumPy formulas
 written here: float32 results equal to the formula rounded once (sigmoid and SiLU, on exp32:
-within 4 ulp), NaN and infinities included."""
+within 4 ulp; hardswish and hardsigmoid in float32 steps: within 2), NaN and infinities
+included."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def test_unary_equals_the_float64_formula(name):
         ok = np.isfinite(want)
         ulp = np.spacing(np.abs(want[ok])).astype(np.float64)
         assert np.all(np.abs(out[ok] - exact[ok]) <= 4 * ulp + 1e-36)
+        return
+    if name in ("hardswish", "hardsigmoid"):
+        # float32 steps (v + 3, the product, the division by 6): within 2 ulp
+        assert np.array_equal(np.isnan(out), np.isnan(want))
+        assert np.array_equal(np.isinf(out), np.isinf(want))
+        ok = np.isfinite(want)
+        ulp = np.spacing(np.abs(want[ok])).astype(np.float64)
+        assert np.all(np.abs(out[ok] - exact[ok]) <= 2 * ulp)
         return
     assert np.array_equal(out, want, equal_nan=True)
 
