@@ -12,6 +12,7 @@ import numpy as np
 from pocket.formats import quant as qm
 from pocket.formats.errors import FormatError
 from pocket.formats.ir import Node
+from pocket.infer import kernels_cols as kcols
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
@@ -121,7 +122,7 @@ def register_bias(d: dict) -> np.ndarray:
 def _im2col(col, xs, geom, pad, rb: int, cb: int) -> partial:
     """The im2col call for images xs: im2col_same where the conv keeps the map's size at
     stride 1 (its mask made here, once a bind; kernels_fma's on float32 images where it is
-    available, else kernels_fp32's), else im2col."""
+    available, else kernels_fp32's), kernels_cols.im2col_s2 at stride 2 along W, else im2col."""
     kh, kw, sh, sw, ph, pw, dh, dw = geom
     h, w = xs.shape[2:]
     if (sh, sw) == (1, 1) and 2 * ph == dh * (kh - 1) and 2 * pw == dw * (kw - 1):
@@ -130,6 +131,8 @@ def _im2col(col, xs, geom, pad, rb: int, cb: int) -> partial:
             return partial(kfma.im2col_same, col, xs, kfma.same_masks(valid), kh, kw, ph, pw, dh, dw, pad,
                            rb, cb)
         return partial(kf.im2col_same, col, xs, valid, kh, kw, ph, pw, dh, dw, pad, rb, cb)
+    if kcols.eligible(xs.dtype, w, sh, sw, dw) and col.dtype == np.float32:
+        return partial(kcols.im2col_s2, col, xs, kh, kw, sh, ph, pw, dh, pad, rb, cb)
     return partial(kf.im2col, col, xs, *geom, pad, rb, cb)
 
 
