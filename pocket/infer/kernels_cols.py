@@ -5,7 +5,8 @@ contiguous run of one half, and the copies vectorize as plain copies.
 kernels_fp32.im2col's own stride-2 copy (a stride-2 load LLVM vectorizes with shuffles, each
 tap again) ran MobileNetV3-Small's 3 x 224 x 224 stem columns at ~0.5 ns an element; the split
 (kernels_dw._split_pairs: one load and two shuffles a step) is paid once a row and tap row.
-Same layout and arguments as kernels_fp32.im2col; the values are copies: bit for bit its.
+Same layout and arguments as kernels_fp32.im2col; the values are copies (int8 codes converted
+to float32, as the int8 routes' columns are): bit for bit its.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ U = np.uint64
 
 
 def eligible(x_dtype, w: int, sh: int, sw: int, dw: int) -> bool:
-    """Whether im2col_s2 takes this conv: float32 images, stride 2 along W (any along H),
-    no dilation along W, rows of at least 2 SPLIT_LANES columns."""
-    return x_dtype == np.float32 and sw == 2 and dw == 1 and w >= 2 * SPLIT_LANES
+    """Whether im2col_s2 takes this conv: float32 images or int8 codes (float32 columns either
+    way), stride 2 along W (any along H), no dilation along W, rows of at least 2 SPLIT_LANES
+    columns."""
+    return x_dtype in (np.float32, np.int8) and sw == 2 and dw == 1 and w >= 2 * SPLIT_LANES
 
 
 @kernel
@@ -50,7 +52,7 @@ def im2col_s2(col, x, kh, kw, sh, ph, pw, dh, pad, rb, cb):
                         for ow in range(wo):
                             row[base + ow] = pad
                     continue
-                _split_pairs(sa, sa + half * 4, xs.ctypes.data + ih * w * 4, pairs, split, xs)
+                _split_pairs(sa, sa + half * 4, xs.ctypes.data + ih * w * xs.itemsize, pairs, split, xs)
                 if w % 2:
                     split[pairs] = xs[ih * w + w - 1]
                 for j in range(kw):

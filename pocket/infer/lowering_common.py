@@ -131,7 +131,7 @@ def _im2col(col, xs, geom, pad, rb: int, cb: int) -> partial:
             return partial(kfma.im2col_same, col, xs, kfma.same_masks(valid), kh, kw, ph, pw, dh, dw, pad,
                            rb, cb)
         return partial(kf.im2col_same, col, xs, valid, kh, kw, ph, pw, dh, dw, pad, rb, cb)
-    if kcols.eligible(xs.dtype, w, sh, sw, dw) and col.dtype == np.float32:
+    if col.dtype == np.float32 and kcols.eligible(xs.dtype, w, sh, sw, dw):
         return partial(kcols.im2col_s2, col, xs, kh, kw, sh, ph, pw, dh, pad, rb, cb)
     return partial(kf.im2col, col, xs, *geom, pad, rb, cb)
 

@@ -1,6 +1,7 @@
 """kernels_cols.im2col_s2 (stride 2 along W from even/odd split rows) against an im2col written
-here in NumPy (padding, then strided slices): odd and even widths, padding wider than the
-kernel's reach, strides 1-3 along H with dilation, both column layouts, the parallel kernel."""
+here in NumPy (padding, then strided slices), float32 images and int8 codes: odd and even
+widths, padding wider than the kernel's reach, strides 1-3 along H with dilation, both column
+layouts, the parallel kernel."""
 
 from __future__ import annotations
 
@@ -34,11 +35,15 @@ CASES = [(1, 3, 40, 48, 3, 3, 2, 1, 1, 1),  # a stem
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("layout", ["wide", "stacked"])
-def test_im2col_s2_matches_numpy(case, layout):
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_im2col_s2_matches_numpy(case, layout, dtype):
     n, c, h, w, kh, kw, sh, ph, pw, dh = case
-    assert kc.eligible(np.dtype(np.float32), w, sh, 2, 1)
-    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
-    want, ho, wo = _naive(x, kh, kw, sh, ph, pw, dh)
+    assert kc.eligible(np.dtype(dtype), w, sh, 2, 1)
+    if dtype == np.int8:  # the int8 routes' codes, float32 columns
+        x = RNG.integers(-128, 128, (n, c, h, w)).astype(np.int8)
+    else:
+        x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    want, ho, wo = _naive(x.astype(np.float32), kh, kw, sh, ph, pw, dh)
     k, p = c * kh * kw, ho * wo
     if layout == "wide":  # (K, N*P): rb 0, cb P
         got = np.full((k, n * p), np.nan, np.float32)
@@ -53,6 +58,6 @@ def test_im2col_s2_matches_numpy(case, layout):
 
 def test_eligible():
     assert not kc.eligible(np.dtype(np.float32), 15, 2, 2, 1)  # rows too short to split
-    assert not kc.eligible(np.dtype(np.int8), 64, 2, 2, 1)
+    assert not kc.eligible(np.dtype(np.uint8), 64, 2, 2, 1)
     assert not kc.eligible(np.dtype(np.float32), 64, 2, 1, 1)
     assert not kc.eligible(np.dtype(np.float32), 64, 2, 2, 2)
