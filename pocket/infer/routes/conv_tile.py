@@ -14,6 +14,7 @@ from functools import partial
 
 import numpy as np
 
+from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_tile as kt
 from pocket.infer.lowering_common import _act_alpha, _act_code, _aligned, _im2col, _int8_consts
@@ -59,26 +60,34 @@ def _bias(d: dict) -> np.ndarray:
     return prepared(d, "b_zeros", lambda: np.zeros(d["o"], np.float32))
 
 
-def _gemm(ctx, step, d: dict, a: dict, y: np.ndarray, x: np.ndarray) -> partial:
-    """The call y (m, O, P) = act(w2 @ x[i] (K, P) + b) for each of its m images."""
+def _gemm(ctx, step, d: dict, a: dict, y: np.ndarray, x: np.ndarray) -> list:
+    """The calls y (m, O, P) = act(w2 @ x[i] (K, P) + b) for each of its m images."""
     m, o, k, p = y.shape[0], d["o"], d["k"], d["p"]
     tasks = m * -(-p // kt.PB) * -(-o // kt.ROWS)
     parts = min(d["parts"], tasks) if ctx.parallel(m * o * k * p) else 1
     scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats(k)), d["scratch_at"])
     wt = prepared(d, "w_tiles", lambda: kt.pack_weights(d["w2"]))
-    return partial(kt.gemm_act, y.reshape(m, o, p), wt, x, _bias(d), scratch, _act_code(a),
-                   _act_alpha(a))
+    act, alpha = _act_code(a), _act_alpha(a)
+    if not kt.clamp_of(act, alpha)[2]:  # none, ReLU, relu6: in the tiles' registers
+        return [partial(kt.gemm_act, y.reshape(m, o, p), wt, x, _bias(d), scratch, act, alpha)]
+    # NOTE: SiLU, hardswish, ...: one pass over the whole output after the GEMM, not one a
+    # block row of at most PB pixels: over 128 outputs SiLU's vector loop ran latency-bound
+    # (1.5 ns an output against 0.8-0.9 over long runs); the output is re-read from L2/L3,
+    # which the activation's arithmetic hides
+    flat = y.reshape(-1)
+    return [partial(kt.gemm_act, y.reshape(m, o, p), wt, x, _bias(d), scratch, 0, 0.0),
+            partial(kf.unary, flat, flat, act, alpha)]
 
 
 def _cols_calls(ctx, step, node, d: dict, n: int, pad, gemm) -> list:
-    """Per image: its im2col columns (padding `pad`) into the node's scratch, then
-    gemm(its output (1, O, Ho, Wo), the columns (1, K, P))."""
+    """Per image: its im2col columns (padding `pad`) into the node's scratch, then the calls
+    gemm(its output (1, O, Ho, Wo), the columns (1, K, P)) returns."""
     x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
     k, p = d["k"], d["p"]
     col = ctx.scratch(step, np.float32, (k, p))
     calls = []
     for i in range(n):
-        calls += [_im2col(col, x[i:i + 1], d["geom"], pad, 0, p), gemm(y[i:i + 1], col.reshape(1, k, p))]
+        calls += [_im2col(col, x[i:i + 1], d["geom"], pad, 0, p), *gemm(y[i:i + 1], col.reshape(1, k, p))]
     return calls
 
 
@@ -97,7 +106,7 @@ class ConvTile(Route):
 
     def bind(self, ctx, step, node, d, n, pool=None):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
-        return [_gemm(ctx, step, d, node.attrs, y, x.reshape(n, d["k"], d["p"]))]
+        return _gemm(ctx, step, d, node.attrs, y, x.reshape(n, d["k"], d["p"]))
 
 
 @register
@@ -192,4 +201,4 @@ class ConvTileQCols(Route):
 
     def bind(self, ctx, step, node, d, n, pool=None):
         return _cols_calls(ctx, step, node, d, n, np.float32(node.attrs["x_zero_point"]),
-                           lambda y, col: _gemm_q(ctx, step, d, y, col))
+                           lambda y, col: [_gemm_q(ctx, step, d, y, col)])
