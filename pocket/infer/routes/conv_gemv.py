@@ -12,7 +12,8 @@ import numpy as np
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_gemv as kg
 from pocket.infer.lowering_common import _act_alpha, _act_code
-from pocket.infer.routes.base import Route, conv_prep, register
+from pocket.infer.routes.base import register
+from pocket.infer.routes.conv_pointwise import ConvPointwise
 
 # NOTE: up to this batch the dot products (weights re-read per image, from L1/L2 after the
 # first) beat the batch GEMM's BLAS call and separate bias pass
@@ -20,7 +21,7 @@ GEMV_MAX_BATCH = 4
 
 
 @register
-class ConvGemv(Route):
+class ConvGemv(ConvPointwise):  # (its prepare: the weights as (O, K), no copy)
     name, op = "conv_gemv", "conv2d"
 
     def limits(self, geo, dtype, cpu):
@@ -29,11 +30,6 @@ class ConvGemv(Route):
         if geo.groups != 1 or (geo.kh, geo.kw, geo.ph, geo.pw) != (1, 1, 0, 0) or (geo.h, geo.w) != (1, 1):
             return "needs a 1x1 conv without padding over a 1x1 map, groups 1"
         return None
-
-    def prepare(self, ctx, node):
-        d = conv_prep(ctx, node, self.name)
-        d["w2"] = d["w"].reshape(d["o"], d["k"])
-        return d
 
     def bind(self, ctx, step, node, d, n, pool=None):
         a = node.attrs
