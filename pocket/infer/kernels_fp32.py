@@ -27,7 +27,9 @@ from pocket.infer.jit import kernel
 from pocket.infer.kernels_math import (  # noqa: F401
     _INV_SQRT2,
     _div6,
+    _div6_32,
     _exp32_silu,
+    _relu6_32,
     activate,
     erf32,
     erfc32,
@@ -104,24 +106,6 @@ def _act_loops(dst, d0, src, s0, n, bo, act, alpha):
     else:
         for i in range(n):
             dst[d + np.uint64(i)] = activate(np.float64(src[s + np.uint64(i)] + bo), act, alpha)
-
-
-@njit(cache=True, inline="always")
-def _relu6_32(t):
-    """min(max(t, 0), 6) in float32, NaN kept."""
-    t = np.float32(0.0) if t < np.float32(0.0) else t
-    return np.float32(6.0) if t > np.float32(6.0) else t
-
-
-@njit(cache=True, inline="always")
-def _div6_32(p):
-    """p / 6 in float32 as q = p * (1/6) and one correction by the residual p - 6q, both
-    contracted to FMAs where the CPU has them (kernels_fma._div6's step): correctly rounded
-    there, within an ulp without FMA; NaN stays NaN, inf gives NaN (hardswish takes its
-    inputs from 3 on as they are)."""
-    q = p * np.float32(1.0 / 6.0)
-    r = p - q * np.float32(6.0)
-    return q + r * np.float32(1.0 / 6.0)
 
 
 # NOTE: NaN propagates through ReLU and max pooling, as in formats/reference.py (np.maximum),

@@ -1,7 +1,8 @@
 """The scalar math of the float32 kernels, written so that LLVM vectorizes the loops that use
 it: `activate` (any activation in float64, the reference's), exp32 / erf32 / erfc32 (float32
 exp and erf to about an ulp without libm calls), division without Numba's zero test (fdiv), and
-the exact float64 division by 6 of hardswish (_div6). kernels_fp32 re-exports them.
+the exact float64 division by 6 of hardswish (_div6) and its float32 steps (_div6_32,
+_relu6_32). kernels_fp32 re-exports them.
 """
 
 from __future__ import annotations
@@ -106,6 +107,24 @@ def _div6(p):
     q = p * _SIXTH
     r = _fma64(-q, 6.0, p)
     return q if (r == 0.0 or r != r) else _fma64(r, _SIXTH, q)
+
+
+@njit(cache=True, inline="always")
+def _relu6_32(t):
+    """min(max(t, 0), 6) in float32, NaN kept."""
+    t = np.float32(0.0) if t < np.float32(0.0) else t
+    return np.float32(6.0) if t > np.float32(6.0) else t
+
+
+@njit(cache=True, inline="always")
+def _div6_32(p):
+    """p / 6 in float32 as q = p * (1/6) and one correction by the residual p - 6q, both
+    contracted to FMAs where the CPU has them (kernels_fma._div6's step): correctly rounded
+    there, within an ulp without FMA; NaN stays NaN, inf gives NaN (hardswish takes its
+    inputs from 3 on as they are)."""
+    q = p * np.float32(1.0 / 6.0)
+    r = p - q * np.float32(6.0)
+    return q + r * np.float32(1.0 / 6.0)
 
 
 @njit(cache=True, inline="always")

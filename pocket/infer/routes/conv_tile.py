@@ -14,7 +14,6 @@ from functools import partial
 
 import numpy as np
 
-from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_tile as kt
 from pocket.infer.lowering_common import _act_alpha, _act_code, _aligned, _im2col, _int8_consts
@@ -67,16 +66,8 @@ def _gemm(ctx, step, d: dict, a: dict, y: np.ndarray, x: np.ndarray) -> list:
     parts = min(d["parts"], tasks) if ctx.parallel(m * o * k * p) else 1
     scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats(k)), d["scratch_at"])
     wt = prepared(d, "w_tiles", lambda: kt.pack_weights(d["w2"]))
-    act, alpha = _act_code(a), _act_alpha(a)
-    if not kt.clamp_of(act, alpha)[2]:  # none, ReLU, relu6: in the tiles' registers
-        return [partial(kt.gemm_act, y.reshape(m, o, p), wt, x, _bias(d), scratch, act, alpha)]
-    # NOTE: SiLU, hardswish, ...: one pass over the whole output after the GEMM, not one a
-    # block row of at most PB pixels: over 128 outputs SiLU's vector loop ran latency-bound
-    # (1.5 ns an output against 0.8-0.9 over long runs); the output is re-read from L2/L3,
-    # which the activation's arithmetic hides
-    flat = y.reshape(-1)
-    return [partial(kt.gemm_act, y.reshape(m, o, p), wt, x, _bias(d), scratch, 0, 0.0),
-            partial(kf.unary, flat, flat, act, alpha)]
+    return [partial(kt.gemm_act, y.reshape(m, o, p), wt, x, _bias(d), scratch, _act_code(a),
+                    _act_alpha(a))]
 
 
 def _cols_calls(ctx, step, node, d: dict, n: int, pad, gemm) -> list:
