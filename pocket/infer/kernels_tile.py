@@ -235,9 +235,9 @@ def gemm_act(c, w, x, b, scratch, act, alpha):
     scratch_floats(K)) float32, one row a part. Parallel over (image, pixel block, channel
     group) tasks in `parts` contiguous runs."""
     parts = scratch.shape[0]
-    nb, ng, tasks = _tasks(x, c.shape[1])
+    nb, ng, _ = _tasks(x, c.shape[1])
     for part in prange(parts):
-        t0, t1 = part * tasks // parts, (part + 1) * tasks // parts
+        t0, t1 = _span(part, parts, x, nb, ng), _span(part + 1, parts, x, nb, ng)
         while t0 < t1:  # one (image, block) and its channel groups in this part at a time
             img, p0, g0, g1 = _run(t0, t1, nb, ng)
             _block(c, w, x, b, scratch[part], act, alpha, img, p0, g0, g1)
@@ -259,6 +259,38 @@ def _tasks(x, o):
     """(pixel blocks an image, channel groups, tasks) of a GEMM of O channels over x (N, K, P)."""
     nb, ng = (x.shape[2] + PB - 1) // PB, (o + ROWS - 1) // ROWS
     return nb, ng, x.shape[0] * nb * ng
+
+
+@njit(cache=True, inline="always")
+def _cost(t, p, nb, ng):
+    """The pixels (whole vectors) of the tasks before task t, tasks in (image, pixel block,
+    channel group) order: every block PB pixels but each image's last."""
+    last = (p - (nb - 1) * PB + VL - 1) // VL * VL
+    per_img = ng * ((nb - 1) * PB + last)
+    img, r = t // (nb * ng), t % (nb * ng)
+    ib, g = r // ng, r % ng
+    return img * per_img + ib * ng * PB + g * (PB if ib < nb - 1 else last)
+
+
+@njit(cache=True)
+def _span(part, parts, x, nb, ng):
+    """The first task of `part`: where the tasks' pixels pass part / parts of the whole."""
+    # NOTE: split by pixels, not by task count: a 13 x 13 map is a block of 128 pixels and one
+    # of 41, and two parts of equal task counts got one each (SqueezeNet's 1000 x 512 conv at
+    # 2 threads: 1.5x the even split's time); so did 3.5 blocks of 128 and 2.5 + 16 pixels
+    # of a 28 x 28 map. A part may now start inside a block's channel groups
+    tasks = x.shape[0] * nb * ng
+    if part >= parts:
+        return tasks
+    target = _cost(tasks, x.shape[2], nb, ng) * part // parts
+    lo, hi = 0, tasks
+    while lo < hi:  # the first task whose pixels before it reach target
+        mid = (lo + hi) // 2
+        if _cost(mid, x.shape[2], nb, ng) < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @njit(cache=True, inline="always")
@@ -382,9 +414,9 @@ def gemm_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch):
     float32 laid by pack_weights, K <= kernels_int8.EXACT_K; scratch (parts,
     scratch_floats_q(K)) float32."""
     parts = scratch.shape[0]
-    nb, ng, tasks = _tasks(x, out.shape[1])
+    nb, ng, _ = _tasks(x, out.shape[1])
     for part in prange(parts):
-        t0, t1 = part * tasks // parts, (part + 1) * tasks // parts
+        t0, t1 = _span(part, parts, x, nb, ng), _span(part + 1, parts, x, nb, ng)
         while t0 < t1:
             img, p0, g0, g1 = _run(t0, t1, nb, ng)
             _block_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch[part], img, p0,

@@ -117,6 +117,25 @@ def test_gemm_act_same_bytes_for_any_split(name):
         np.testing.assert_array_equal(got, one, err_msg=f"{name}, {parts} parts")
 
 
+@pytest.mark.parametrize("n, p, o", [(1, 169, 1000), (1, 784, 96), (2, 196, 40), (1, 49, 7),
+                                     (3, 3025, 16), (1, 5, 1)])
+def test_parts_split_the_pixels_evenly(n, p, o):
+    """The parts' task runs cover every task once, in order, and each part's pixels (counted
+    in whole vectors, block by block) are within one task of an even share: a 13 x 13 map is a block of
+    128 pixels and one of 41, and an even count of tasks gave one part 3x the other's."""
+    x = np.empty((n, 4, p), np.float32)
+    nb, ng, tasks = kt._tasks(x, o)
+    # (a block's pixels in whole vectors: the tiles' work)
+    widths = [-(-min(kt.PB, p - b * kt.PB) // kt.VL) * kt.VL for b in range(nb)]
+    cost = [widths[t // ng % nb] for t in range(tasks)]
+    for parts in (1, 2, 3, 4):
+        edges = [kt._span(i, parts, x, nb, ng) for i in range(parts + 1)]
+        assert edges[0] == 0 and edges[-1] == tasks and edges == sorted(edges)
+        share = sum(cost) / parts
+        for a, z in zip(edges, edges[1:]):
+            assert abs(sum(cost[a:z]) - share) <= kt.PB + kt.VL, (parts, edges)
+
+
 def test_arm_form_matches_naive(tmp_path):
     """The tiles' ARM form (each row's weights 4 steps at a time as a vector, then the steps
     left one at a time; pack_weights' quads) through the same checks (float32 and int8),
