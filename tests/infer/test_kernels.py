@@ -554,6 +554,7 @@ def test_conv_maxpool_winograd(k, s, hw, monkeypatch, fp32_route):
     from pocket.infer.routes import conv_winograd, conv_winograd_fused
 
     monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C_PORTABLE", 4)
     monkeypatch.setattr(conv_winograd_fused, "WINOGRAD_FUSED_MIN_C", 4)
     monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_TILES", 1)
     params = _conv_params(4, 6, 3, 3, 1)
@@ -569,6 +570,7 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     from pocket.infer.routes import conv_winograd, conv_winograd_fused
 
     monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C_PORTABLE", 4)
     monkeypatch.setattr(conv_winograd_fused, "WINOGRAD_FUSED_MIN_C", 4)
     gemm = {"fma": "conv_fma_cols", "tile": "conv_tile_cols", "blas": "conv_gemm"}[fp32_route]
     pointwise = {"fma": "conv_fma_1x1", "tile": "conv_tile", "blas": "conv_pointwise"}[fp32_route]
@@ -590,11 +592,28 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
         assert_close(got, want_y, scale=20)
 
 
+@pytest.mark.parametrize("c", [31, 32, 63, 64])
+def test_winograd_channel_threshold(c, fp32_route):
+    """Winograd from WINOGRAD_MIN_C input channels on AVX-512, from WINOGRAD_MIN_C_PORTABLE on
+    the portable path; below, the pitch routes."""
+    from pocket.infer.routes import conv_winograd
+
+    least = (conv_winograd.WINOGRAD_MIN_C if fp32_route == "fma"
+             else conv_winograd.WINOGRAD_MIN_C_PORTABLE)
+    params = _conv_params(c, 8, 3, 3, 1)
+    node = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {"padding": [1, 1]})
+    graph = Graph({"x": ValueInfo("f32", ("N", c, 16, 16))}, ["y"], [node],
+                  {k: _info(v) for k, v in params.items()})
+    with Engine(FakeContainer(graph, params)) as eng:
+        assert eng._prep[0]["route"].startswith("conv_winograd") == (c >= least), (c, eng._prep[0]["route"])
+
+
 def test_winograd_falls_back_on_few_tiles(monkeypatch):
     """Below WINOGRAD_MIN_TILES a call runs the pitch GEMM path; both give the same outputs."""
     from pocket.infer.routes import conv_winograd, conv_winograd_fused
 
     monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C", 4)
+    monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C_PORTABLE", 4)
     monkeypatch.setattr(conv_winograd_fused, "WINOGRAD_FUSED_MIN_C", 4)
     monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_TILES", 20)  # 4x4 tiles an image: n=1 falls back
     params = _conv_params(4, 3, 3, 3, 1)

@@ -23,6 +23,12 @@ from pocket.infer.routes.base import ROUTES, Route, conv_prep, prepared, registe
 # with kernels_fma's transforms, cnn_mnist fp32 batch 64 at 32 went 4.82 -> 4.59 ms on one
 # thread but 2.57 -> 2.74 ms on two).
 WINOGRAD_MIN_C = 64
+# ... on the portable path (kernels_winograd's transforms, BLAS or kernels_tile GEMMs) from 32:
+# with U made once at load the transforms alone stay per call, and SqueezeNet's fires at 27x27
+# (32 -> 128 channels) and 13x13 (48 -> 192) went 690 -> 590 and 392 -> 340 us a conv (one
+# thread, 2-core Zen 2; the whole model 0.97x at 1 and 2 threads, interleaved A/B). 16 input
+# channels (its 55x55 fires) lost: 0.99x on one thread, 1.07-1.11x on two
+WINOGRAD_MIN_C_PORTABLE = 32
 # ... and at least this many tiles (2x2 outputs) a call: with fewer (batch 1 on maps of 8x8 and
 # less) the per-call filter transform and short loops cost more than the GEMM saves (cnn_cifar
 # fp32 batch 1: 3.6 ms at 64, 4.2 ms at 16, 4.0 ms at 512). 14x14 maps (49 tiles) gain: ResNet-18's
@@ -36,6 +42,11 @@ WINOGRAD_MIN_TILES = 48
 U_SKEW = 16
 # where a batch with few tiles runs: the first of these the table would take
 PITCH_ROUTES = ("conv_fma_pitch", "conv_fma_cols", "conv_gemm_pitch")
+
+
+def min_channels(fma: bool) -> int:
+    """The fewest input channels a conv runs as Winograd with: AVX-512 (kernels_fma) or not."""
+    return WINOGRAD_MIN_C if fma else WINOGRAD_MIN_C_PORTABLE
 
 
 def winograd_limits(geo, dtype) -> str | None:
@@ -86,7 +97,8 @@ class ConvWinograd(Route):
         return winograd_limits(geo, dtype)
 
     def declines(self, geo, dtype, cpu):
-        return f"fewer than {WINOGRAD_MIN_C} input channels" if geo.c < WINOGRAD_MIN_C else None
+        least = min_channels(cpu.fma)
+        return f"fewer than {least} input channels" if geo.c < least else None
 
     def prepare(self, ctx, node):
         return self.with_pitch_plan(ctx, node, self.transforms(ctx, node))
@@ -117,7 +129,7 @@ class ConvWinograd(Route):
         return d
 
     def at_batch(self, ctx, step, d, n):
-        if n * d["th"] * d["tw"] < WINOGRAD_MIN_TILES or d["c"] < WINOGRAD_MIN_C:
+        if n * d["th"] * d["tw"] < WINOGRAD_MIN_TILES or d["c"] < min_channels(d["fma"]):
             pitch = d["pitch_plan"]
             return ROUTES[pitch["route"]], pitch
         return self, d
