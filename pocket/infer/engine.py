@@ -168,7 +168,8 @@ class Engine:
         ctx = self._ctx = PlanContext(
             self.graph, self._params, self._sample, self._infos, self._container.quant, self.max_batch,
             threads=1, cpu=Cpu.host(), forced=routes.forced_routes(), readers=self.readers(),
-            parallel=self._parallel)
+            parallel=self._parallel,
+            parallel_elements=lambda size: self._parallel(pools.element_work(size, self._spinning)))
         self._apply_threads()
         ctx.prep = self._prep = [PREPARE.get(n.op, no_prep)(ctx, n) for n in self.graph.nodes]
         ctx.pool_after = self._pool_after = fusable_pools(ctx)

@@ -82,7 +82,7 @@ def _b_maxpool2d(ctx, step, node, n):
     rows, width = ctx.prep[step]["pool_rows"]
     planes = n * x.shape[1]
     parts = min(rows, ctx.threads, planes)
-    if not ctx.parallel(planes * x.shape[2] * x.shape[3] * node.attrs["kernel"][0]):
+    if not ctx.parallel_elements(planes * x.shape[2] * x.shape[3]):
         parts = 1
     geom = _pool_geom(node.attrs)
     if _pool_fma(ctx, node):

@@ -78,6 +78,8 @@ class PlanContext:
     pad_after: dict[int, int] = field(default_factory=dict)  # routes.conv_fma_pitch.padded_pairs
     skip: set[int] = field(default_factory=set)
     parallel: Callable[[int], bool] = field(default=lambda work: False)
+    # the same for an element-wise kernel whose largest array has this many elements
+    parallel_elements: Callable[[int], bool] = field(default=lambda size: False)
     arena: np.ndarray | None = None
     buffers: dict[str, Region] = field(default_factory=dict)
     root: dict[str, str] = field(default_factory=dict)

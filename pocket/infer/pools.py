@@ -195,19 +195,29 @@ def call_work(call: partial, spinning: bool = False) -> int:
         return 16 * call.args[0].size * call.args[1].shape[1]
     if call.func is kv.gemm_rows:
         return call.args[0].size * call.args[2].shape[1] // 4
-    per_element = SPIN_ELEMENT_WORK if spinning else 16
     size = max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)
     # NOTE: im2col pays a row's bookkeeping every few elements on small maps (~1 ns an
     # element on 4x4 maps): counted 4x (cnn_cifar fp32 batch 1, 2 threads: 43 -> 19 us a call)
     if call.func is kf.im2col or call.func is kf.im2col_same:
-        return 4 * per_element * size
+        return 4 * element_work(size, spinning)
     # (kernels_fma's im2col_same, a vector at a time and 2-4x faster, counts as any other)
     # NOTE: quantizing is a cheap stream: split across cores, its output lands in both
     # caches and the (serial) packing after it pays more than the split saved; counted as in
     # a plan whose pool sleeps (mlp int8 batch 64, 2 threads: 96 -> 80 us)
     if call.func is ki.quantize:
         return 16 * size
-    return per_element * size
+    return element_work(size, spinning)
+
+
+def element_work(size: int, spinning: bool) -> int:
+    """The work of an element-wise kernel (a depthwise conv, a pool...) whose largest array
+    has `size` elements: call_work's measure, which a route that splits such a kernel into
+    parts must use too (PlanContext.parallel_elements).
+
+    NOTE: with a different measure a route bound one part where the engine ran the parallel
+    twin: MobileNetV2's 96 x 32 x 32 and EfficientNet-B0's 480 x 14 x 14 depthwise convs and
+    SqueezeNet's 27 x 27 and 13 x 13 max pools ran on one thread at a pool's cost."""
+    return (SPIN_ELEMENT_WORK if spinning else 16) * size
 
 
 # Pace: each way keeps its last _WINDOW call times; the way not taken is timed again (a probe)

@@ -372,3 +372,54 @@ def test_engine_mobilenet_block(tmp_path, stride, int8, n, threads):
         assert np.array_equal(got, want)
     else:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _parts(call) -> int:
+    """The parts a depthwise or max pool call splits its planes into (its scratch rows, or its
+    `parts` argument)."""
+    if call.func.__name__.startswith("maxpool_fma"):
+        return call.args[2]
+    return call.args[4].shape[0]  # dw_conv_fma / dw_conv_padded*: scratch; maxpool_sep: buf
+
+
+@pytest.mark.parametrize("spinning", [False, True])
+@pytest.mark.parametrize("int8", [False, True])
+def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
+    """A depthwise conv or max pool that the engine runs on the pool (its parallel twin) is
+    split into one part a thread, and one it runs serially into one: the route sizes its parts
+    with the engine's measure of its work. 96 planes of 32x32 are pool work only where the
+    threads spin (pools.element_work), where a route once bound them one part."""
+    from models import Builder, quantize_sequential, save_model
+
+    from pocket.formats.container import read_container
+    from pocket.infer import engine as engine_mod
+    from pocket.infer import pools
+    from pocket.infer.engine import Engine
+
+    monkeypatch.setattr(pools, "spin_policy", lambda graph, sample, threads: (spinning, False))
+    rng = np.random.default_rng(9)
+    b = Builder((96, 32, 32), rng)
+    b.conv(96, 96, 3, groups=96, padding=[1, 1], activation="relu")
+    b.op("maxpool2d", kernel=[3, 3], stride=[2, 2], padding=[1, 1])
+    g, p = b.graph(), b.params
+    quant = None
+    if int8:
+        g, p, quant = quantize_sequential(g, p, rng.standard_normal((2, 96, 32, 32)).astype(np.float32))
+    x = rng.standard_normal((1, 96, 32, 32)).astype(np.float32)
+    with Engine(save_model(tmp_path / "dw.bin", g, p, quant), max_batch=1, threads=2,
+                adaptive_threads=False) as eng:
+        got = eng.run(x, copy=True)
+        calls = [c for c in eng._bound[1].calls
+                 if any(k in getattr(c.func, "__name__", "") for k in ("dw_conv", "maxpool"))]
+    assert len(calls) == 2
+    for c in calls:
+        serial = c.func.__name__.endswith("_serial")
+        assert serial != spinning, c.func.__name__  # 16 vs 64 per element around the threshold
+        assert _parts(c) == (1 if serial else 2), c.func.__name__
+    assert engine_mod._PARALLEL_WORK // 64 <= 96 * 32 * 32 < engine_mod._PARALLEL_WORK // 16
+    with read_container(tmp_path / "dw.bin") as c:
+        want = ref.run_container(c, x)[c.graph.outputs[0]]
+    if int8:
+        assert np.array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

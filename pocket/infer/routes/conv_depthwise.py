@@ -43,7 +43,7 @@ def plane_parts(ctx, geo, n: int) -> int:
     """The parts a depthwise call splits its n * C planes into: one a thread, or one when the
     call runs serially (too little work for the pool)."""
     planes = n * geo.c
-    if not ctx.parallel(16 * planes * max(geo.h * geo.w, geo.ho * geo.wo)):
+    if not ctx.parallel_elements(planes * max(geo.h * geo.w, geo.ho * geo.wo)):
         return 1
     return min(ctx.threads, planes)
 
