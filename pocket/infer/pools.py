@@ -170,7 +170,9 @@ def call_work(call: partial, spinning: bool = False) -> int:
     if call.func is kp.pw_conv or call.func is kp.pw_conv_q:
         # out (N, O, P), x (N, K, P)
         return call.args[0].size * call.args[1].shape[1]
-    if call.func is kt.gemm_act:  # out (N, O, P), w, x (N, K, P)
+    # NOTE: the routes size these kernels' parts by the same measure (routes.conv_tile): gemm_q
+    # once counted as an element-wise kernel, parallel twin and one part
+    if call.func is kt.gemm_act or call.func is kt.gemm_q:  # out (N, O, P), w, x (N, K, P)
         return call.args[0].size * call.args[2].shape[1]
     # NOTE: a VNNI multiply-add costs about a quarter of a float32 one
     if call.func is kv.gemm_cols:

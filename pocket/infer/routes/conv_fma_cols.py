@@ -103,7 +103,7 @@ class ConvFmaCols(Route):
                 calls.append(partial(kfma.gemm, maps[0], d["w2"], col, kfma.row_offsets(k, cols), 1, o, p,
                                      0, 0, k, 0, p, d["b_reg"], epi))
                 kh, kw, sh, sw = pool_geom
-                parts = max(1, ctx.threads) if ctx.parallel(o * p * kh) else 1
+                parts = max(1, ctx.threads) if ctx.parallel_elements(maps.size) else 1
                 calls.append(partial(kfp.maxpool_fma, pool[start:start + 1], maps, parts, kh, kw, sh, sw,
                                      0, 0))
                 continue

@@ -90,7 +90,7 @@ class ConvFmaPhase(Route):
                 # one image's planes are whole: the AVX-512 pool reads them at their pitch (its
                 # windows never reach the junk columns: an unpadded pool stays inside Wo)
                 maps = yw.reshape(1, o, d["geo"].ho, wq)
-                parts = max(1, ctx.threads) if ctx.parallel(o * mpi * pool_geom[0]) else 1
+                parts = max(1, ctx.threads) if ctx.parallel_elements(maps.size) else 1
                 calls.append(partial(kfp.maxpool_fma, pool[start:start + 1], maps, parts, *pool_geom, 0, 0))
             else:
                 calls.append(partial(kf.bias_act_pool_pitch, pool[start:start + m], yw, wq, mpi, *pool_geom,
