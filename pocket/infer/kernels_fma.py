@@ -454,13 +454,13 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc, b, epi):
     tr = _tile_rows(m, GROUP_P, o, _rows_aligned(x, offs, xs, nb))
     n_g, n_o, per_o = _gemm_split(nb, o, m, tr)
     for t in prange(nb * n_g * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, GROUP_P, n_o, per_o, tr)
+        _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, per_o, tr)
 
 
 @njit(cache=True)
 def _gemm_split(nb, o, m, tr):
     """gemm's parallel parts: (pixel groups, channel splits, channels a split), tiles of tr
-    channels."""
+    channels; the groups share the tiles evenly (_gemm_part), at most GROUP_P each."""
     n_p = (m + TILE_P - 1) // TILE_P  # the last one a half tile when m % TILE_P != 0
     n_g = (n_p + GROUP_P - 1) // GROUP_P
     n_o, per_o = _channel_split(nb * n_g, o, tr)
@@ -517,13 +517,17 @@ def gemm_pixels(c, w, x, offs, o, m, ldw, ldc, b, epi, parts):
     n_g = (n_p + gp - 1) // gp
     tr = _tile_rows(m, gp, o, _rows_aligned(x, offs, 0, 1))
     for t in prange(n_g):
-        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, epi, n_g, gp, 1, o, tr)
+        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, epi, n_g, 1, o, tr)
 
 
 @njit(cache=True)
-def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_o, per_o, tr):
-    """Part t of gemm (same arguments): item t // (n_g*n_o), its pixel group (of gp tiles)
-    and channels (per_o a part, in tiles of tr)."""
+def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, per_o, tr):
+    """Part t of gemm (same arguments): item t // (n_g*n_o), its pixel group (of the n_g that
+    share the item's tiles evenly) and channels (per_o a part, in tiles of tr).
+
+    NOTE: the threads take equal runs of the parts: groups of GROUP_P tiles and a remainder
+    left one thread twice the other's pixels where 23 tiles (a 27 x 27 map) split 16 + 7
+    (SqueezeNet's 27 x 27 convs ran 1.0-1.5x faster on two threads, not 2x)."""
     k = offs.shape[0]
     wa, xa, ca, oa = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
                       np.int64(offs.ctypes.data))
@@ -532,12 +536,18 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, gp, n_
     item, rest = t // (n_g * n_o), t % (n_g * n_o)
     g, ob = rest // n_o, (rest % n_o) * per_o
     xb, cb = xa + item * xs * 4, ca + (item * cs) * 4
-    p0, p1 = g * gp, min(n_p, (g + 1) * gp)
+    p0, p1 = _group(g, n_p, n_g)
     kb = _block_k(p1 - p0, m, k, w.size * 4)
     for k0 in range(0, k, kb):
         nk = min(kb, k - k0)
         _gemm_block(wa + (item * ws + k0) * 4, ldw, xb, oa + k0 * 8, nk, cb, ldc, k0, k0 + nk == k,
                     ob, min(o, ob + per_o), tr, p0, p1, m, ba, epi, relu)
+
+
+@njit(cache=True, inline="always")
+def _group(g, n_p, n_g):
+    """[p0, p1): the tiles of pixel group g of n_g that share n_p tiles evenly."""
+    return g * n_p // n_g, (g + 1) * n_p // n_g
 
 
 @njit(cache=True)
@@ -605,7 +615,7 @@ def gemm_pool2_pitch(out, c, w, x, offs, nb, o, m, xs, ldw, pitch, b, act):
     ho, wo = out.shape[2], out.shape[3]
     n_o, per_o, gp, tr = _pool2_split(x, offs, nb, o, m, xs)
     for t in prange(nb * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, gp, n_o, per_o, tr)
+        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, n_o, per_o, tr)
         item, ob = t // n_o, (t % n_o) * per_o
         for oc in range(ob, min(o, ob + per_o)):
             _pool2_plane(np.int64(out.ctypes.data), np.int64(c.ctypes.data), nb * m, item * o + oc, o, ho,
@@ -622,7 +632,7 @@ def gemm_pool2_padded(xpad, hp, wp, ph, pw, ho, wo, c, w, x, offs, nb, o, m, xs,
     n_o, per_o, gp, tr = _pool2_split(x, offs, nb, o, m, xs)
     pa, ca, plane = np.int64(xpad.ctypes.data), np.int64(c.ctypes.data), hp * wp
     for t in prange(nb * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, gp, n_o, per_o, tr)
+        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, n_o, per_o, tr)
         item, ob = t // n_o, (t % n_o) * per_o
         for oc in range(ob, min(o, ob + per_o)):
             r = item * o + oc
@@ -717,9 +727,11 @@ def transpose_in(xt, x, parts):
     core then read half its columns from the other core's cache."""
     mc = xt.shape[1]
     n_p = (mc + TILE_P - 1) // TILE_P
-    per = (n_p + parts - 1) // parts * TILE_P
-    for g in prange((n_p * TILE_P + per - 1) // per):
-        _transpose_part(xt, x, g * per, min(mc, (g + 1) * per), 0, x.shape[1], False)
+    gp = (n_p + parts - 1) // parts
+    n_g = (n_p + gp - 1) // gp
+    for g in prange(n_g):  # _gemm_part's groups
+        p0, p1 = _group(g, n_p, n_g)
+        _transpose_part(xt, x, p0 * TILE_P, min(mc, p1 * TILE_P), 0, x.shape[1], False)
 
 
 @njit(cache=True)
@@ -821,7 +833,7 @@ def gemm_t(out, c, w, x, offs, o, m, ldw, ldc, b, act, alpha):
     tr = _tile_rows(m, GROUP_P, o, _rows_aligned(x, offs, 0, 1))
     n_g, n_o, per_o = _gemm_split(1, o, m, tr)
     for t in prange(n_g * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, 0, n_g, GROUP_P, n_o, per_o, tr)
+        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, 0, n_g, n_o, per_o, tr)
     _bias_act_t_serial(out, c, b, act, alpha)
 
 

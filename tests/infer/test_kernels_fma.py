@@ -386,3 +386,17 @@ def test_im2col_same_vector(geom, hw, n):
         per = np.full((n * k, p), np.nan, np.float32)
         kfma.im2col_same.serial(per, x, masks, kh, kw, ph, pw, dh, dw, np.float32(pad), k, 0)
         assert np.array_equal(per, want.reshape(n * k, p))
+
+
+@needs_fma
+@pytest.mark.parametrize("m", [16, 512, 529, 560, 729, 784, 3025, 12544])
+def test_gemm_groups_share_the_tiles_evenly(m):
+    """gemm's pixel groups (the parts the threads take runs of) hold all of m's tiles, at most
+    GROUP_P each and within one tile of each other: 23 tiles (a 27x27 map) once split 16 + 7."""
+    n_p = -(-m // kfma.TILE_P)
+    n_g, n_o, per_o = kfma._gemm_split(1, 64, m, kfma.TILE_O)
+    bounds = [kfma._group.py_func(g, n_p, n_g) for g in range(n_g)]  # _gemm_part's groups
+    assert bounds[0][0] == 0 and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    sizes = [p1 - p0 for p0, p1 in bounds]
+    assert sum(sizes) == n_p and max(sizes) <= kfma.GROUP_P
+    assert max(sizes) - min(sizes) <= 1, sizes
