@@ -2,8 +2,9 @@
 (kernels_fma_dw.dw_conv_fma): output rows computed straight from the input rows with masked
 16-lane loads, no padded copy and no copy-out, the bias and the activation (ReLU, relu6, SiLU,
 sigmoid) on the sums in registers; other activations take one pass over each plane. Ahead of
-conv_depthwise (the portable padded-plane kernels), which takes every other geometry and every
-CPU without AVX-512.
+conv_depthwise (the portable padded-plane kernels), which takes every other geometry, every
+CPU without AVX-512, and the 5x5 convs this route declines (stride 2, maps of 8 columns or
+fewer: see declines).
 
 NOTE: against kernels_dw.dw_conv_padded on one thread (EfficientNet-B0's and MobileNetV2's
 layers, no activation): 32 x 112 x 112 3x3 0.46 -> 0.22 ms, 96 x 112 x 112 3x3/2 0.78 -> 0.42,
@@ -36,6 +37,23 @@ class ConvFmaDepthwise(Route):
             return why
         if not kfd.fast(geo.kh, geo.kw, geo.sh, geo.sw, geo.dh, geo.dw):
             return "needs a 3x3 or 5x5 kernel, the same stride 1 or 2 both ways, dilation 1"
+        return None
+
+    def declines(self, geo, dtype, cpu):
+        # NOTE: row by row, a 16-lane vector holds at most wo outputs, and 5x5/2 loads 32
+        # inputs and shuffles them for each pair of taps: on 5x5 maps of 8 columns or fewer
+        # (half the lanes idle or more) and at 5x5/2 conv_depthwise's flat loop over the
+        # padded plane (or its phase planes) is faster. AVX-512 host, one thread, SiLU /
+        # relu6 / hardswish, us, this route -> conv_depthwise: 1152 x 7 x 7 5x5 159 -> 109 /
+        # 95 -> 86 / -, 672 x 14 x 14 5x5/2 188 -> 92 / 131 -> 82 / -, 288 x 14 x 14 5x5/2
+        # 77 -> 38 / 56 -> 35 / 58 -> 36, 96 x 28 x 28 5x5/2 45 -> 35 / 33 -> 29 / 32 -> 29.
+        # 3x3 stays here: on 8x8 and smaller maps it won or lost by ~10% by activation (4x4
+        # relu6 11.5 vs 13.3 us, 8x8 SiLU 15.7 vs 13.4), and MobileNetV2 ran 1.03-1.05x slower
+        # with them there; 5x5 on 14x14 maps here too (480 x 14 x 14 relu6 88 vs 101 us)
+        if geo.kh == 5 and geo.wo <= 8:
+            return "5x5 on maps of 8 columns or fewer: conv_depthwise's flat loop fills the vectors"
+        if geo.kh == 5 and geo.sh == 2:
+            return "5x5 stride 2: conv_depthwise's phase planes are faster"
         return None
 
     def prepare(self, ctx, node):
