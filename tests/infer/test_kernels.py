@@ -594,11 +594,12 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
 
 @pytest.mark.parametrize("c", [31, 32, 63, 64])
 def test_winograd_channel_threshold(c, fp32_route):
-    """Winograd from WINOGRAD_MIN_C input channels on AVX-512, from WINOGRAD_MIN_C_PORTABLE on
-    the portable path; below, the pitch routes."""
-    from pocket.infer.routes import conv_winograd
+    """Winograd from WINOGRAD_FUSED_MIN_C input channels on AVX-512 (conv_winograd_fused, ahead
+    of conv_winograd's WINOGRAD_MIN_C), from WINOGRAD_MIN_C_PORTABLE on the portable path;
+    below, the pitch routes."""
+    from pocket.infer.routes import conv_winograd, conv_winograd_fused
 
-    least = (conv_winograd.WINOGRAD_MIN_C if fp32_route == "fma"
+    least = (conv_winograd_fused.WINOGRAD_FUSED_MIN_C if fp32_route == "fma"
              else conv_winograd.WINOGRAD_MIN_C_PORTABLE)
     params = _conv_params(c, 8, 3, 3, 1)
     node = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {"padding": [1, 1]})
