@@ -35,10 +35,11 @@ from pocket.infer import kernels_fma as kfma
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_dw import _parts, padded_fast
 from pocket.infer.kernels_fp32 import act_inplace
+from pocket.infer.kernels_int8 import _ROUND
 from pocket.infer.kernels_vnni import _const, _lanes_below, _lanes_within, _loop, _masked_io, _ptr, _splat
 
-_F32, _I32, _I64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-_VF, _VI = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
+_F32, _I32, _I64, _I8 = ir.FloatType(), ir.IntType(32), ir.IntType(64), ir.IntType(8)
+_VF, _VI, _V8I = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16), ir.VectorType(_I8, 16)
 # shuffle_vector masks: the even and the odd lanes of two vectors (32 consecutive elements)
 EVEN = ir.Constant(_VI, list(range(0, 32, 2)))
 ODD = ir.Constant(_VI, list(range(1, 32, 2)))
@@ -51,7 +52,7 @@ ODD = ir.Constant(_VI, list(range(1, 32, 2)))
 R_S1, R_S2 = 4, 2
 
 
-def _make_rows(k: int, s: int):
+def _make_rows(k: int, s: int, q: bool = False):
     """R output rows of one plane (R_S1 at stride 1, R_S2 at stride 2) straight from the input
     rows, no padded copy.
 
@@ -62,15 +63,30 @@ def _make_rows(k: int, s: int):
     rows; every load is masked to the lanes inside [0, wd) (the padding columns read as
     zeros, nothing outside the row is touched) and every store to those inside [0, wo).
     Stride 2 loads 32 consecutive inputs and takes their even or odd lanes (two taps from one
-    pair of loads)."""
+    pair of loads).
+
+    q: int8 rows in and out (dw_conv_fma_q): the padding columns read as x_zp (an argument
+    after mode, where mode is unused) and the rows outside the image are rows of x_zp, the
+    codes convert to float32 (exact), bias is b_q - x_zp * sum(w_q), and the sums leave as
+    kernels_int8._code_clamped's codes: arguments m, lo, hi (the clamp, less y_zp) and y_zp
+    after x_zp."""
     nr = R_S1 if s == 1 else R_S2
     rows = (nr - 1) * s + k
+    esz = 1 if q else 4  # bytes an element
 
     def codegen(context, builder, signature, args):
-        o, r, w, wd, wo, pw, bias, mode = args
+        o, r, w, wd, wo, pw, bias, mode = args[:8]
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                              "llvm.fma.v16f32")
-        ld, st = _masked_io(builder, _VF, 4)
+        if q:
+            xzp, m, lo, hi, yzp = args[8:]
+            ld8, st8 = _masked_io(builder, _V8I, 1)
+            pad = _splat(builder, builder.trunc(xzp, _I8), _V8I)
+
+            def ld(addr, mask):
+                return builder.sitofp(builder.sext(ld8(addr, mask, pad), _VI), _VF)
+        else:
+            ld, st = _masked_io(builder, _VF, 4)
         xr = [builder.load(_ptr(builder, builder.add(r, _const(8 * i)), _I64), align=8) for i in range(rows)]
         orow = [builder.load(_ptr(builder, builder.add(o, _const(8 * i)), _I64), align=8) for i in range(nr)]
         wv = [[_splat(builder, builder.load(_ptr(builder, builder.add(w, _const(4 * (i * k + j))), _F32),
@@ -84,43 +100,64 @@ def _make_rows(k: int, s: int):
             ow0 = builder.mul(chunk, _const(16))
             acc = [[bv, ir.Constant(_VF, None)] for _ in range(nr)]
 
-            def tap(q, t, j, v):  # output row q, tap (t, j), inputs v
-                acc[q][j & 1] = builder.call(fma, [wv[t][j], v, acc[q][j & 1]])
+            def tap(q_, t, j, v):  # output row q_, tap (t, j), inputs v
+                acc[q_][j & 1] = builder.call(fma, [wv[t][j], v, acc[q_][j & 1]])
 
             if s == 1:
                 for j in range(k):
                     first = builder.sub(builder.add(ow0, _const(j)), pw)
-                    m = inside(first)
+                    msk = inside(first)
                     for i in range(rows):
-                        v = ld(builder.add(xr[i], builder.mul(first, _const(4))), m)
-                        for q in range(max(0, i - k + 1), min(nr, i + 1)):
-                            tap(q, i - q, j, v)
+                        v = ld(builder.add(xr[i], builder.mul(first, _const(esz))), msk)
+                        for q_ in range(max(0, i - k + 1), min(nr, i + 1)):
+                            tap(q_, i - q_, j, v)
             else:
                 for j in range(0, k, 2):
                     first = builder.sub(builder.add(builder.mul(ow0, _const(2)), _const(j)), pw)
                     m_a, m_b = inside(first), inside(builder.add(first, _const(16)))
                     for i in range(rows):
-                        a = builder.add(xr[i], builder.mul(first, _const(4)))
-                        va, vb = ld(a, m_a), ld(builder.add(a, _const(64)), m_b)
+                        a = builder.add(xr[i], builder.mul(first, _const(esz)))
+                        va, vb = ld(a, m_a), ld(builder.add(a, _const(16 * esz)), m_b)
                         ve = builder.shuffle_vector(va, vb, EVEN)
                         vo = builder.shuffle_vector(va, vb, ODD) if j + 1 < k else None
-                        for q in range(nr):
-                            if 0 <= i - 2 * q < k:
-                                tap(q, i - 2 * q, j, ve)
+                        for q_ in range(nr):
+                            if 0 <= i - 2 * q_ < k:
+                                tap(q_, i - 2 * q_, j, ve)
                                 if vo is not None:
-                                    tap(q, i - 2 * q, j + 1, vo)
+                                    tap(q_, i - 2 * q_, j + 1, vo)
             sums = [builder.fadd(a, b) for a, b in acc]
             out = _lanes_below(builder, builder.sub(wo, ow0))
+            if q:
+                # kernels_int8._code_clamped: v = sum * m, clamped to the codes less y_zp, then
+                # rounded to even by the _ROUND trick (|v| <= 255: exact), + y_zp
+                rnd = ir.Constant(_VF, [float(_ROUND)] * 16)
+                vm, vlo, vhi, vzp = (_splat(builder, a, _VF) for a in (m, lo, hi, yzp))
+                for q_ in range(nr):
+                    v = builder.fmul(sums[q_], vm)
+                    v = builder.select(builder.fcmp_ordered("<", v, vlo), vlo, v)
+                    v = builder.select(builder.fcmp_ordered(">", v, vhi), vhi, v)
+                    v = builder.fadd(builder.fsub(builder.fadd(v, rnd), rnd), vzp)
+                    st8(builder.trunc(builder.fptosi(v, _VI), _V8I),
+                        builder.add(orow[q_], ow0), out)
+                return []
 
             def store(act):
-                for q in range(nr):
-                    st(act(builder, sums[q]), builder.add(orow[q], builder.mul(ow0, _const(4))), out)
+                for q_ in range(nr):
+                    st(act(builder, sums[q_]), builder.add(orow[q_], builder.mul(ow0, _const(4))), out)
 
             kfma._by_mode(builder, mode, store)
             return []
 
         _loop(builder, builder.sdiv(builder.add(wo, _const(15)), _const(16)), [], step)
         return context.get_dummy_value()
+
+    if q:
+        @intrinsic
+        def row_q(typingctx, o, r, w, wd, wo, pw, bias, mode, xzp, m, lo, hi, yzp):
+            return types.void(*[types.intp] * 6, types.float32, types.intp, types.intp,
+                              *[types.float32] * 4), codegen
+
+        return row_q
 
     @intrinsic
     def row(typingctx, o, r, w, wd, wo, pw, bias, mode):
@@ -130,6 +167,8 @@ def _make_rows(k: int, s: int):
 
 
 _R31, _R32, _R51, _R52 = _make_rows(3, 1), _make_rows(3, 2), _make_rows(5, 1), _make_rows(5, 2)
+_Q31, _Q32, _Q51, _Q52 = (_make_rows(3, 1, True), _make_rows(3, 2, True), _make_rows(5, 1, True),
+                          _make_rows(5, 2, True))
 
 
 # the geometries dw_conv_fma takes: the padded-plane kernels' (3x3 and 5x5, stride 1 or 2 both
@@ -190,3 +229,82 @@ def _part(out, x, w, b, scratch, lo, hi, sh, ph, pw, mode, act, alpha):
                 _R52(oa_rows, ra, wb, wd, wo, pw, bo, reg)
         if mode < 0 and act != 0:
             act_inplace(out.reshape(-1), nc * ho * wo, ho * wo, np.float32(0.0), act, alpha)
+
+
+# --------------------------------------------------------------------------- int8
+#
+# int8 codes in and out (routes.conv_depthwise_int8 on AVX-512): the row kernels above read
+# the int8 rows, convert each vector of codes to float32 and sum in float32, which is exact:
+# each product |x_q * w_q| <= 128 * 127, 25 of them and the bias b_q - x_zp * sum(w_q) stay
+# below 2**24 (the route checks b_q: exact_bias). The sums leave as kernels_int8's codes.
+# Against kernels_dw.dw_conv_padded_qf (which converts each plane into a padded float32 plane,
+# sums it, then requantizes and copies out the valid columns): see the route.
+
+# the largest |b_q| whose float32 sums stay exact: 2**24 less 25 * 128 * 127 for the products
+# and as much again for x_zp * sum(w_q)
+EXACT_BIAS = 2 ** 24 - 2 * 25 * 128 * 127
+
+
+def exact_bias(b_q: np.ndarray) -> bool:
+    return b_q.size == 0 or int(np.abs(b_q.astype(np.int64)).max()) <= EXACT_BIAS
+
+
+def prepare_q(w: np.ndarray, b_q: np.ndarray, x_zp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the taps as float32 (C, k*k), the bias b_q - x_zp * sum(w_q) as float32 (C,)): made once,
+    at load (exact where exact_bias(b_q))."""
+    c = w.shape[0]
+    wq = w.reshape(c, -1).astype(np.int64)
+    b = b_q.astype(np.int64) if b_q.size else np.zeros(c, np.int64)
+    return wq.astype(np.float32), (b - x_zp * wq.sum(axis=1)).astype(np.float32)
+
+
+def scratch_size_q(wd: int, wo: int) -> int:
+    """Bytes of one part's scratch row: a row of x_zp codes (the rows outside the image) and one
+    of junk (a stride-1 group's rows past the last)."""
+    return -(-(wd + wo) // 64) * 64 + 64
+
+
+@kernel
+def dw_conv_fma_q(out, x, wf, badj, m, scratch, sh, ph, pw, x_zp, lo, hi, y_zp):
+    """int8 depthwise conv (weight taps wf (C, k*k) f32, k 3 or 5, stride sh both ways, padding
+    (ph, pw)) x (N, C, H, W) i8 -> out (N, C, Ho, Wo) i8 codes: kernels_int8._code_clamped of
+    the exact sums with bias badj (C,) f32 and multipliers m (C,) f32; lo, hi the clamp less
+    y_zp. scratch (parts, scratch_size_q) i8, any contents: one row a part."""
+    parts = scratch.shape[0]
+    for part in prange(parts):
+        first, last = _parts(x.shape[0] * x.shape[1], parts, part)
+        _part_q(out, x, wf, badj, m, scratch[part], first, last, sh, ph, pw, x_zp, lo, hi, y_zp)
+
+
+@njit(cache=True)
+def _part_q(out, x, wf, badj, m, scratch, first, last, sh, ph, pw, x_zp, lo, hi, y_zp):
+    n, c, h, wd = x.shape
+    k = 3 if wf.shape[1] == 9 else 5
+    ho, wo = out.shape[2], out.shape[3]
+    scratch[:wd] = np.int8(x_zp)
+    za = np.int64(scratch.ctypes.data)
+    junk = za + -(-wd // 64) * 64
+    xa, oa, wa = np.int64(x.ctypes.data), np.int64(out.ctypes.data), np.int64(wf.ctypes.data)
+    nr = R_S1 if sh == 1 else R_S2
+    rows, orows = np.empty((nr - 1) * sh + k, np.int64), np.empty(nr, np.int64)
+    ra, oa_rows = np.int64(rows.ctypes.data), np.int64(orows.ctypes.data)
+    for nc in range(first, last):
+        ch = nc % c
+        bo, mf = badj[ch], m[ch]
+        wb = wa + ch * k * k * 4
+        xp, op = xa + nc * h * wd, oa + nc * ho * wo
+        for oh in range(0, ho, nr):
+            top = oh * sh - ph
+            for i in range(rows.shape[0]):
+                ih = top + i
+                rows[i] = xp + ih * wd if 0 <= ih < h else za
+            for q in range(nr):
+                orows[q] = op + (oh + q) * wo if oh + q < ho else junk
+            if k == 3 and sh == 1:
+                _Q31(oa_rows, ra, wb, wd, wo, pw, bo, 0, x_zp, mf, lo, hi, y_zp)
+            elif k == 3:
+                _Q32(oa_rows, ra, wb, wd, wo, pw, bo, 0, x_zp, mf, lo, hi, y_zp)
+            elif sh == 1:
+                _Q51(oa_rows, ra, wb, wd, wo, pw, bo, 0, x_zp, mf, lo, hi, y_zp)
+            else:
+                _Q52(oa_rows, ra, wb, wd, wo, pw, bo, 0, x_zp, mf, lo, hi, y_zp)

@@ -324,6 +324,43 @@ def test_dw_conv_fma(name, act):
     assert np.all(np.abs(out - naive_dw(x, w, s, p, d, 0.0)) <= _f32_bound(x, w, 0 * b, s, p, d))
 
 
+@pytest.mark.parametrize("name", FMA_DW)
+@pytest.mark.parametrize("relu", [False, True])
+def test_dw_conv_fma_q_exact(name, relu):
+    """kernels_fma_dw.dw_conv_fma_q (AVX-512, int8 rows in place, float32 sums) bit for bit with
+    the naive twin: x_zp in the padding, the extreme codes (-128 inputs, +-127 weights: 5x5's
+    sums near 406,400), a bias near exact_bias' limit, on one part and two, junk in the
+    scratch; and exact_bias refuses a bias past it."""
+    from pocket.infer import kernels_fma as kfma
+
+    if not kfma.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512")
+    from pocket.infer import kernels_fma_dw as kfd
+
+    case = CASES_FMA[name]
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
+    x = RNG.integers(-128, 128, (n, c, h, wd)).astype(np.int8)
+    x[..., : h // 2, :] = -128
+    w_q, w_s = qm.quantize_weights(RNG.standard_normal((c, 1, *k)).astype(np.float32))
+    w_q[0] = 127
+    w_q[-1] = -127
+    b_q = qm.quantize_bias(RNG.standard_normal(c).astype(np.float32), 0.05, w_s)
+    b_q[0] = -kfd.EXACT_BIAS
+    assert kfd.exact_bias(b_q) and not kfd.exact_bias(b_q - 1)
+    m = qm.requant_multiplier(0.0001, w_s, 0.07)
+    x_zp, y_zp = 11, -5
+    acc = naive_dw(x, w_q, s, p, d, x_zp, x_zp) + b_q.astype(np.int64).reshape(1, -1, 1, 1)
+    twin = _naive_requant(acc, m, y_zp, relu)
+    wf, badj = kfd.prepare_q(w_q, b_q, x_zp)
+    lo = np.float32(y_zp if relu else -128) - np.float32(y_zp)
+    hi = np.float32(127) - np.float32(y_zp)
+    for parts, fn in ((1, kfd.dw_conv_fma_q.serial), (2, kfd.dw_conv_fma_q)):
+        scratch = np.full((parts, kfd.scratch_size_q(wd, wo)), 77, np.int8)
+        out = np.full((n, c, ho, wo), 99, np.int8)
+        fn(out, x, wf, badj, m.astype(np.float32), scratch, s[0], *p, x_zp, lo, hi, np.float32(y_zp))
+        assert np.array_equal(out, twin), parts
+
+
 # --------------------------------------------------------------------------- engine
 
 
@@ -377,9 +414,14 @@ def test_engine_mobilenet_block(tmp_path, stride, int8, n, threads):
 def _parts(call) -> int:
     """The parts a depthwise or max pool call splits its planes into (its scratch rows, or its
     `parts` argument)."""
-    if call.func.__name__.startswith("maxpool_fma"):
+    name = call.func.__name__
+    if name.startswith("maxpool_fma"):
         return call.args[2]
-    return call.args[4].shape[0]  # dw_conv_fma / dw_conv_padded*: scratch; maxpool_sep: buf
+    if name.startswith("maxpool_sep"):
+        return call.args[2].shape[0]
+    if name.startswith("dw_conv_fma_q"):
+        return call.args[5].shape[0]
+    return call.args[4].shape[0]  # dw_conv_fma / dw_conv_padded*: their scratch
 
 
 @pytest.mark.parametrize("spinning", [False, True])
@@ -393,7 +435,7 @@ def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
 
     from pocket.formats.container import read_container
     from pocket.infer import engine as engine_mod
-    from pocket.infer import pools
+    from pocket.infer import kernels_fma, pools
     from pocket.infer.engine import Engine
 
     monkeypatch.setattr(pools, "spin_policy", lambda graph, sample, threads: (spinning, False))
@@ -401,6 +443,7 @@ def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
     b = Builder((96, 32, 32), rng)
     b.conv(96, 96, 3, groups=96, padding=[1, 1], activation="relu")
     b.op("maxpool2d", kernel=[3, 3], stride=[2, 2], padding=[1, 1])
+    b.conv(96, 8, 1)  # int8: the depthwise conv then gives int8 codes (dw_conv_fma_q on AVX-512)
     g, p = b.graph(), b.params
     quant = None
     if int8:
@@ -412,6 +455,8 @@ def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
         calls = [c for c in eng._bound[1].calls
                  if any(k in getattr(c.func, "__name__", "") for k in ("dw_conv", "maxpool"))]
     assert len(calls) == 2
+    if int8 and kernels_fma.AVAILABLE:
+        assert calls[0].func.__name__.startswith("dw_conv_fma_q")
     for c in calls:
         serial = c.func.__name__.endswith("_serial")
         assert serial != spinning, c.func.__name__  # 16 vs 64 per element around the threshold

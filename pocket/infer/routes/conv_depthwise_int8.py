@@ -1,9 +1,15 @@
 """int8 depthwise conv (groups == input channels == output channels): exact int32 sums with
-kernels_int8's epilogue, no im2row. kernels_dw.dw_conv_padded_qf / _q (padded scratch planes
-holding x_zp, the sums in float32 or, on 3x3 stride 2, int32; then the epilogue) for 3x3 and 5x5
-at stride 1 or 2, kernels_dw.dw_conv_q (no
-scratch) for other geometries. Ahead of the int8 im2row route (and the VNNI ones, which take
-groups == 1 only)."""
+kernels_int8's epilogue, no im2row. On AVX-512, int8 codes out, 3x3 and 5x5 at stride 1 and
+3x3 at stride 2: kernels_fma_dw.dw_conv_fma_q (the rows read in place, the codes converted to
+float32 and summed exactly, the codes computed in registers). Elsewhere kernels_dw.dw_conv_padded_qf
+/ _q (padded scratch planes holding x_zp, the sums in float32 or, on 3x3 stride 2, int32; then
+the epilogue) for 3x3 and 5x5 at stride 1 or 2, kernels_dw.dw_conv_q (no scratch) for other
+geometries. Ahead of the int8 im2row route (and the VNNI ones, which take groups == 1 only).
+
+NOTE: dw_conv_fma_q against dw_conv_padded_qf / _q on one thread (AVX-512 host, bit-identical
+codes): MobileNetV2-0.5's layers 0.43-0.82x (480 x 4 x 4 36 -> 16 us, 96 x 32 x 32 63 -> 36,
+48 x 64 x 64 3x3/2 48 -> 39), ShuffleNetV2's 0.42-0.75x, MobileNetV3's 5x5 stride 1 0.62-0.65x;
+5x5 stride 2 lost (96 x 28 x 28: 39 -> 44 us) and keeps the phase planes."""
 
 from __future__ import annotations
 
@@ -12,9 +18,10 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_dw as kd
+from pocket.infer import kernels_fma_dw as kfd
 from pocket.infer.lowering_common import _EMPTY_I32, _int8_consts
-from pocket.infer.routes.base import Route, conv_prep, register
-from pocket.infer.routes.conv_depthwise import depthwise_limit, padded_prep, padded_scratch
+from pocket.infer.routes.base import Route, conv_prep, prepared, register
+from pocket.infer.routes.conv_depthwise import depthwise_limit, padded_prep, padded_scratch, plane_parts
 
 
 @register
@@ -31,7 +38,12 @@ class ConvDepthwiseInt8(Route):
         d["b_q"] = ctx.params[node.inputs[2]] if len(node.inputs) > 2 else _EMPTY_I32
         # float32 sums (kd.dw_conv_padded_qf) where kd.FLOAT_SUMS (x86), except on 3x3 stride 2,
         # where the int8 planes win
-        kh, sh = d["geom"][0], d["geom"][2]
+        kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
+        d["fma_q"] = (ctx.cpu.fma and d["to_int8"] and kfd.fast(kh, kw, sh, sw, dh, dw)
+                      and not (kh == 5 and sh == 2) and kfd.exact_bias(d["b_q"]))
+        if d["fma_q"]:
+            d["scratch_bytes"] = max(1, ctx.threads) * kfd.scratch_size_q(d["geo"].w, d["geo"].wo)
+            return d
         d["float_sums"] = kd.FLOAT_SUMS and (sh == 1 or kh == 5)
         padded_prep(ctx, d, (4 if d["float_sums"] else 1, 4, 1 if d["to_int8"] else 4))
         return d
@@ -39,7 +51,19 @@ class ConvDepthwiseInt8(Route):
     def bind(self, ctx, step, node, d, n, pool=None):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
-        epi = (d["m"], node.attrs["x_zero_point"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+        x_zp = node.attrs["x_zero_point"]
+        if d["fma_q"]:
+            taps = lambda: kfd.prepare_q(d["w"], d["b_q"], x_zp)  # noqa: E731
+            wf, badj = prepared(d, "w_taps", lambda: taps()[0]), prepared(d, "b_taps", lambda: taps()[1])
+            m = prepared(d, "m_f32", lambda: d["m"].astype(np.float32))
+            geo = d["geo"]
+            row = kfd.scratch_size_q(geo.w, geo.wo)
+            scratch = ctx.scratch(step, np.int8, (plane_parts(ctx, geo, n), row))
+            # kernels_int8._code_clamped's clamp, less y_zp, in float32
+            zp = np.float32(d["y_zp"])
+            lo, hi = np.float32(d["lo"][0]) - zp, np.float32(d["lo"][1]) - zp
+            return [partial(kfd.dw_conv_fma_q, y, x, wf, badj, m, scratch, sh, ph, pw, x_zp, lo, hi, zp)]
+        epi = (d["m"], x_zp, d["to_int8"], d["y_zp"], d["lo"], d["relu"])
         if "padded" in d:
             if d["float_sums"]:
                 fn, dtypes = kd.dw_conv_padded_qf, (np.float32, np.float32, y.dtype)
