@@ -452,19 +452,19 @@ def gemm(c, w, x, offs, nb, o, m, xs, ws, ldw, cs, ldc, b, epi):
     item of a few tiles may split along its pixels instead (gemm_pixels).
     """
     tr = _tile_rows(m, GROUP_P, o, _rows_aligned(x, offs, xs, nb))
-    n_g, n_o, per_o = _gemm_split(nb, o, m, tr)
+    n_g, n_o = _gemm_split(nb, o, m, tr)
     for t in prange(nb * n_g * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, per_o, tr)
+        _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, tr)
 
 
 @njit(cache=True)
 def _gemm_split(nb, o, m, tr):
-    """gemm's parallel parts: (pixel groups, channel splits, channels a split), tiles of tr
-    channels; the groups share the tiles evenly (_gemm_part), at most GROUP_P each."""
+    """gemm's parallel parts: (pixel groups, channel splits), tiles of tr channels; the groups
+    share the pixel tiles evenly (_group), at most GROUP_P each, the splits the channel tiles
+    (_channels)."""
     n_p = (m + TILE_P - 1) // TILE_P  # the last one a half tile when m % TILE_P != 0
     n_g = (n_p + GROUP_P - 1) // GROUP_P
-    n_o, per_o = _channel_split(nb * n_g, o, tr)
-    return n_g, n_o, per_o
+    return n_g, _channel_split(nb * n_g, o, tr)
 
 
 @njit(cache=True)
@@ -494,12 +494,21 @@ def _rows_aligned(x, offs, xs, nb):
 
 @njit(cache=True)
 def _channel_split(parts, o, tr):
-    """(channel splits, channels a split) for `parts` (item, pixel group) pairs and tiles of
-    tr channels: at least 8 parts in all where the channel tiles allow."""
+    """The channel splits for `parts` (item, pixel group) pairs and tiles of tr channels: at
+    least 8 parts in all where the channel tiles allow."""
     tiles_o = (o + tr - 1) // tr
-    n_o = max(1, min(tiles_o, (8 + parts - 1) // parts))
-    per_o = (tiles_o + n_o - 1) // n_o * tr
-    return (o + per_o - 1) // per_o, per_o
+    return max(1, min(tiles_o, (8 + parts - 1) // parts))
+
+
+@njit(cache=True, inline="always")
+def _channels(oi, o, n_o, tr):
+    """[o0, o1): the channels of split oi of n_o, which share o's tiles of tr channels evenly.
+
+    NOTE: splits of ceil(tiles / n_o) tiles left the last one short: ResNet-18's 256-channel
+    convs at 14x14 split 36 x 7 + 4 channels, one thread 144 and the other 112 (1.68x on two
+    threads, not 2x)."""
+    t0, t1 = _group(oi, (o + tr - 1) // tr, n_o)
+    return t0 * tr, min(o, t1 * tr)
 
 
 @kernel
@@ -517,13 +526,13 @@ def gemm_pixels(c, w, x, offs, o, m, ldw, ldc, b, epi, parts):
     n_g = (n_p + gp - 1) // gp
     tr = _tile_rows(m, gp, o, _rows_aligned(x, offs, 0, 1))
     for t in prange(n_g):
-        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, epi, n_g, 1, o, tr)
+        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, epi, n_g, 1, tr)
 
 
 @njit(cache=True)
-def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, per_o, tr):
+def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, tr):
     """Part t of gemm (same arguments): item t // (n_g*n_o), its pixel group (of the n_g that
-    share the item's tiles evenly) and channels (per_o a part, in tiles of tr).
+    share the item's tiles evenly) and channels (of the n_o splits of its tiles of tr).
 
     NOTE: the threads take equal runs of the parts: groups of GROUP_P tiles and a remainder
     left one thread twice the other's pixels where 23 tiles (a 27 x 27 map) split 16 + 7
@@ -534,14 +543,15 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, p
     ba, relu = np.int64(b.ctypes.data), np.int64(max(epi - 1, 0))  # the tiles' mode
     n_p = (m + TILE_P - 1) // TILE_P
     item, rest = t // (n_g * n_o), t % (n_g * n_o)
-    g, ob = rest // n_o, (rest % n_o) * per_o
+    g = rest // n_o
+    ob, oe = _channels(rest % n_o, o, n_o, tr)
     xb, cb = xa + item * xs * 4, ca + (item * cs) * 4
     p0, p1 = _group(g, n_p, n_g)
     kb = _block_k(p1 - p0, m, k, w.size * 4)
     for k0 in range(0, k, kb):
         nk = min(kb, k - k0)
         _gemm_block(wa + (item * ws + k0) * 4, ldw, xb, oa + k0 * 8, nk, cb, ldc, k0, k0 + nk == k,
-                    ob, min(o, ob + per_o), tr, p0, p1, m, ba, epi, relu)
+                    ob, oe, tr, p0, p1, m, ba, epi, relu)
 
 
 @njit(cache=True, inline="always")
@@ -613,11 +623,12 @@ def gemm_pool2_pitch(out, c, w, x, offs, nb, o, m, xs, ldw, pitch, b, act):
     epilogue reads what its own core just wrote. Each part holds whole images: one pixel
     group of all of an image's tiles (POOL_GROUP_MAX pixels at most)."""
     ho, wo = out.shape[2], out.shape[3]
-    n_o, per_o, gp, tr = _pool2_split(x, offs, nb, o, m, xs)
+    n_o, gp, tr = _pool2_split(x, offs, nb, o, m, xs)
     for t in prange(nb * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, n_o, per_o, tr)
-        item, ob = t // n_o, (t % n_o) * per_o
-        for oc in range(ob, min(o, ob + per_o)):
+        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, n_o, tr)
+        item = t // n_o
+        ob, oe = _channels(t % n_o, o, n_o, tr)
+        for oc in range(ob, oe):
             _pool2_plane(np.int64(out.ctypes.data), np.int64(c.ctypes.data), nb * m, item * o + oc, o, ho,
                          wo, pitch, m, b, act, ho * wo, wo)
 
@@ -629,12 +640,13 @@ def gemm_pool2_padded(xpad, hp, wp, ph, pw, ho, wo, c, w, x, offs, nb, o, m, xs,
     around it and past the last plane), so that conv needs no pad_images of its own.
 
     NOTE: cnn_mnist fp32 at batch 1 spent ~2.5 us of ~90 padding its 32 pooled maps."""
-    n_o, per_o, gp, tr = _pool2_split(x, offs, nb, o, m, xs)
+    n_o, gp, tr = _pool2_split(x, offs, nb, o, m, xs)
     pa, ca, plane = np.int64(xpad.ctypes.data), np.int64(c.ctypes.data), hp * wp
     for t in prange(nb * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, n_o, per_o, tr)
-        item, ob = t // n_o, (t % n_o) * per_o
-        for oc in range(ob, min(o, ob + per_o)):
+        _gemm_part(t, c, w, x, offs, o, m, xs, 0, ldw, m, nb * m, b, 0, 1, n_o, tr)
+        item = t // n_o
+        ob, oe = _channels(t % n_o, o, n_o, tr)
+        for oc in range(ob, oe):
             r = item * o + oc
             for j in range(0, plane, 16):  # the plane's zeros (the map overwrites its own)
                 _row16(pa, pa + (r * plane + j) * 4, 0, min(16, plane - j), np.float32(0.0))
@@ -645,11 +657,10 @@ def gemm_pool2_padded(xpad, hp, wp, ph, pw, ho, wo, c, w, x, offs, nb, o, m, xs,
 
 @njit(cache=True)
 def _pool2_split(x, offs, nb, o, m, xs):
-    """gemm_pool2_pitch's parts: (channel splits, channels a split, tiles a group, tile rows)."""
+    """gemm_pool2_pitch's parts: (channel splits, tiles a group, tile rows)."""
     gp = max(GROUP_P, (m + TILE_P - 1) // TILE_P)
     tr = _tile_rows(m, gp, o, _rows_aligned(x, offs, xs, nb))
-    n_o, per_o = _channel_split(nb, o, tr)
-    return n_o, per_o, gp, tr
+    return _channel_split(nb, o, tr), gp, tr
 
 
 def pitch_offsets(c: int, hp: int, wp: int, kh: int, kw: int, dh: int, dw: int) -> np.ndarray:
@@ -782,9 +793,7 @@ def gemm_rows(c, w, x, xt, offs, o, m, ldc, b, epi):
     k = x.shape[1]
     n_p = (m + TILE_P - 1) // TILE_P
     tr = _tile_rows(m, n_p, o, True)
-    tiles_o = (o + tr - 1) // tr
-    per_o = (tiles_o + parts - 1) // parts * tr
-    n_o = (o + per_o - 1) // per_o
+    n_o = min(parts, (o + tr - 1) // tr)
     kb = xt.shape[1]  # (not _block_k's: one half tile would take all of K, past the buffer)
     wa, ca, oa = np.int64(w.ctypes.data), np.int64(c.ctypes.data), np.int64(offs.ctypes.data)
     ba, relu = np.int64(b.ctypes.data), np.int64(epi == 2)
@@ -795,8 +804,9 @@ def gemm_rows(c, w, x, xt, offs, o, m, ldc, b, epi):
             _transpose_part(buf, x, 0, m, k0, k0 + nk, True)
             # offs[k0] is k0 rows past the block's start: X's row 0 is that far before buf
             xb = np.int64(buf.ctypes.data) - k0 * m * 4
+            o0, o1 = _channels(p, o, n_o, tr)
             _gemm_block(wa + k0 * 4, k, xb, oa + k0 * 8, nk, ca, ldc, k0, k0 + nk == k,
-                        p * per_o, min(o, (p + 1) * per_o), tr, 0, n_p, m, ba, epi, relu)
+                        o0, o1, tr, 0, n_p, m, ba, epi, relu)
 
 
 def rows_block(m: int, k: int) -> int:
@@ -831,9 +841,9 @@ def gemm_t(out, c, w, x, offs, o, m, ldw, ldc, b, act, alpha):
     one call, for the last linear of a plan (mlp's 10 classes at batch 64: one call of
     ~0.6 us less, of ~190)."""
     tr = _tile_rows(m, GROUP_P, o, _rows_aligned(x, offs, 0, 1))
-    n_g, n_o, per_o = _gemm_split(1, o, m, tr)
+    n_g, n_o = _gemm_split(1, o, m, tr)
     for t in prange(n_g * n_o):
-        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, 0, n_g, n_o, per_o, tr)
+        _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, 0, n_g, n_o, tr)
     _bias_act_t_serial(out, c, b, act, alpha)
 
 

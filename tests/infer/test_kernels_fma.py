@@ -394,9 +394,23 @@ def test_gemm_groups_share_the_tiles_evenly(m):
     """gemm's pixel groups (the parts the threads take runs of) hold all of m's tiles, at most
     GROUP_P each and within one tile of each other: 23 tiles (a 27x27 map) once split 16 + 7."""
     n_p = -(-m // kfma.TILE_P)
-    n_g, n_o, per_o = kfma._gemm_split(1, 64, m, kfma.TILE_O)
+    n_g, n_o = kfma._gemm_split(1, 64, m, kfma.TILE_O)
     bounds = [kfma._group.py_func(g, n_p, n_g) for g in range(n_g)]  # _gemm_part's groups
     assert bounds[0][0] == 0 and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
     sizes = [p1 - p0 for p0, p1 in bounds]
     assert sum(sizes) == n_p and max(sizes) <= kfma.GROUP_P
     assert max(sizes) - min(sizes) <= 1, sizes
+
+
+@needs_fma
+@pytest.mark.parametrize("o,tr", [(256, kfma.WIDE_O), (64, kfma.TILE_O), (1000, kfma.WIDE_O),
+                                  (13, kfma.TILE_O), (3, kfma.WIDE_O)])
+def test_gemm_channel_splits_share_the_tiles_evenly(o, tr):
+    """A GEMM of one pixel group splits its channels into parts within one tile of each other
+    that cover all of them: 256 channels in tiles of 6 once split 36 x 7 + 4."""
+    n_o = kfma._channel_split(1, o, tr)
+    bounds = [kfma._channels.py_func(i, o, n_o, tr) for i in range(n_o)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == o
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    tiles = [-(-(b - a) // tr) for a, b in bounds]
+    assert min(tiles) >= 1 and max(tiles) - min(tiles) <= 1, bounds
