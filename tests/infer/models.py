@@ -149,6 +149,39 @@ def save_model(path, graph, tensors, quant=None, kind="model"):
     return path
 
 
+def two_thread_calls(path, builder, rng, shape, int8: bool, pick) -> tuple[list[str], list]:
+    """Builder's graph saved to path (int8: quantize_sequential on two random samples of
+    `shape`), run at batch 1 on a 2-thread engine (adaptive threads off) and checked against the
+    reference (int8 bit for bit); its conv routes and the bound calls whose kernel name `pick`
+    accepts."""
+    from pocket.infer.engine import Engine
+
+    g, p, quant = builder.graph(), builder.params, None
+    if int8:
+        g, p, quant = quantize_sequential(g, p, rng.standard_normal((2, *shape)).astype(np.float32))
+    x = rng.standard_normal((1, *shape)).astype(np.float32)
+    save_model(path, g, p, quant)
+    with Engine(path, max_batch=1, threads=2, adaptive_threads=False) as eng:
+        got = eng.run(x, copy=True)
+        routes = [r["route"] for r in eng.routes() if r["op"] == "conv2d"]
+        calls = [c for c in eng._bound[1].calls if pick(getattr(c.func, "__name__", ""))]
+    matches_reference(path, x, got, int8)
+    return routes, calls
+
+
+def matches_reference(path, x, got, int8: bool) -> None:
+    """The engine's output `got` for x equals formats/reference.py's on the .bin at path: int8
+    bit for bit, fp32 to float32 rounding."""
+    from pocket.formats.container import read_container
+
+    with read_container(path) as c:
+        want = ref.run_container(c, x)[c.graph.outputs[0]]
+    if int8:
+        assert np.array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def to_onnx(graph: Graph, params: dict) -> bytes:
     """A sequential fp32 graph -> ONNX bytes, op for op (Conv, MaxPool, Gemm, Relu, ...)."""
     import onnx

@@ -244,6 +244,19 @@ def test_dw_conv_padded_f32_nan(name, act):
     assert np.array_equal(np.isnan(out), np.isnan(want))
 
 
+def _extreme_int8(n, c, h, wd, k):
+    """(x, w_q, b_q, m) of a padded-plane int8 case with the extreme codes: the top half of
+    the rows -128, the first channel's weights 127 and the last's -127 (5x5's sums near their
+    largest, 406,400), requantized from tiny scales to int8."""
+    x = RNG.integers(-128, 128, (n, c, h, wd)).astype(np.int8)
+    x[..., : h // 2, :] = -128
+    w_q, w_s = qm.quantize_weights(RNG.standard_normal((c, 1, *k)).astype(np.float32))
+    w_q[0] = 127
+    w_q[-1] = -127
+    b_q = qm.quantize_bias(RNG.standard_normal(c).astype(np.float32), 0.05, w_s)
+    return x, w_q, b_q, qm.requant_multiplier(0.0001, w_s, 0.07)
+
+
 @pytest.mark.parametrize("name", PADDED)
 @pytest.mark.parametrize("sums", ["int32", "float32"])
 def test_dw_conv_padded_int8_exact(name, sums):
@@ -252,13 +265,7 @@ def test_dw_conv_padded_int8_exact(name, sums):
     (-128 inputs and +-127 weights) put 5x5's sums near their largest, 406,400."""
     case = CASES_PADDED[name]
     n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
-    x = RNG.integers(-128, 128, (n, c, h, wd)).astype(np.int8)
-    x[..., : h // 2, :] = -128
-    w_q, w_s = qm.quantize_weights(RNG.standard_normal((c, 1, *k)).astype(np.float32))
-    w_q[0] = 127
-    w_q[-1] = -127
-    b_q = qm.quantize_bias(RNG.standard_normal(c).astype(np.float32), 0.05, w_s)
-    m = qm.requant_multiplier(0.0001, w_s, 0.07)
+    x, w_q, b_q, m = _extreme_int8(n, c, h, wd, k)
     acc = naive_dw(x, w_q, s, p, d, 11, 11) + b_q.astype(np.int64).reshape(1, -1, 1, 1)
     twin = _naive_requant(acc, m, -5, True)
     kern = kd.dw_conv_padded_q if sums == "int32" else kd.dw_conv_padded_qf
@@ -339,15 +346,9 @@ def test_dw_conv_fma_q_exact(name, relu):
 
     case = CASES_FMA[name]
     n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
-    x = RNG.integers(-128, 128, (n, c, h, wd)).astype(np.int8)
-    x[..., : h // 2, :] = -128
-    w_q, w_s = qm.quantize_weights(RNG.standard_normal((c, 1, *k)).astype(np.float32))
-    w_q[0] = 127
-    w_q[-1] = -127
-    b_q = qm.quantize_bias(RNG.standard_normal(c).astype(np.float32), 0.05, w_s)
+    x, w_q, b_q, m = _extreme_int8(n, c, h, wd, k)
     b_q[0] = -kfd.EXACT_BIAS
     assert kfd.exact_bias(b_q) and not kfd.exact_bias(b_q - 1)
-    m = qm.requant_multiplier(0.0001, w_s, 0.07)
     x_zp, y_zp = 11, -5
     acc = naive_dw(x, w_q, s, p, d, x_zp, x_zp) + b_q.astype(np.int64).reshape(1, -1, 1, 1)
     twin = _naive_requant(acc, m, y_zp, relu)
@@ -383,9 +384,8 @@ def test_engine_mobilenet_block(tmp_path, stride, int8, n, threads):
     """The engine routes the depthwise conv to kernels_dw (fp32 and int8, from a real .bin) and
     matches the reference: fp32 to float32 rounding, int8 bit for bit. At batch 3 on 2 threads
     the depthwise call has the work to run on the pool (the parallel twin)."""
-    from models import quantize_sequential, save_model
+    from models import matches_reference, quantize_sequential, save_model
 
-    from pocket.formats.container import read_container
     from pocket.infer.engine import Engine
 
     rng = np.random.default_rng(5 + stride)
@@ -403,12 +403,7 @@ def test_engine_mobilenet_block(tmp_path, stride, int8, n, threads):
 
     fp32 = "conv_fma_depthwise" if kernels_fma.AVAILABLE else "conv_depthwise"
     assert table["conv2d1"] == ("conv_depthwise_int8" if int8 else fp32)
-    with read_container(path) as c:
-        want = ref.run_container(c, x)[c.graph.outputs[0]]
-    if int8:
-        assert np.array_equal(got, want)
-    else:
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    matches_reference(path, x, got, int8)
 
 
 def _parts(call) -> int:
@@ -431,12 +426,10 @@ def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
     split into one part a thread, and one it runs serially into one: the route sizes its parts
     with the engine's measure of its work. 96 planes of 32x32 are pool work only where the
     threads spin (pools.element_work), where a route once bound them one part."""
-    from models import Builder, quantize_sequential, save_model
+    from models import Builder, two_thread_calls
 
-    from pocket.formats.container import read_container
     from pocket.infer import engine as engine_mod
     from pocket.infer import kernels_fma, pools
-    from pocket.infer.engine import Engine
 
     monkeypatch.setattr(pools, "spin_policy", lambda graph, sample, threads: (spinning, False))
     rng = np.random.default_rng(9)
@@ -444,16 +437,8 @@ def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
     b.conv(96, 96, 3, groups=96, padding=[1, 1], activation="relu")
     b.op("maxpool2d", kernel=[3, 3], stride=[2, 2], padding=[1, 1])
     b.conv(96, 8, 1)  # int8: the depthwise conv then gives int8 codes (dw_conv_fma_q on AVX-512)
-    g, p = b.graph(), b.params
-    quant = None
-    if int8:
-        g, p, quant = quantize_sequential(g, p, rng.standard_normal((2, 96, 32, 32)).astype(np.float32))
-    x = rng.standard_normal((1, 96, 32, 32)).astype(np.float32)
-    with Engine(save_model(tmp_path / "dw.bin", g, p, quant), max_batch=1, threads=2,
-                adaptive_threads=False) as eng:
-        got = eng.run(x, copy=True)
-        calls = [c for c in eng._bound[1].calls
-                 if any(k in getattr(c.func, "__name__", "") for k in ("dw_conv", "maxpool"))]
+    _, calls = two_thread_calls(tmp_path / "dw.bin", b, rng, (96, 32, 32), int8,
+                                lambda name: "dw_conv" in name or "maxpool" in name)
     assert len(calls) == 2
     if int8 and kernels_fma.AVAILABLE:
         assert calls[0].func.__name__.startswith("dw_conv_fma_q")
@@ -462,9 +447,3 @@ def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
         assert serial != spinning, c.func.__name__  # 16 vs 64 per element around the threshold
         assert _parts(c) == (1 if serial else 2), c.func.__name__
     assert engine_mod._PARALLEL_WORK // 64 <= 96 * 32 * 32 < engine_mod._PARALLEL_WORK // 16
-    with read_container(tmp_path / "dw.bin") as c:
-        want = ref.run_container(c, x)[c.graph.outputs[0]]
-    if int8:
-        assert np.array_equal(got, want)
-    else:
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

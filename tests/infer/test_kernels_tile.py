@@ -200,35 +200,19 @@ def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
     pools.call_work measure its work alike. An 8 -> 64 channel 1x1 conv on 32x32 maps is
     under the threshold as multiply-adds, over it as 64 per element: gemm_q once ran its
     parallel twin with one part where the threads spin."""
-    from models import Builder, quantize_sequential, save_model
+    from models import Builder, two_thread_calls
 
-    from pocket.formats.container import read_container
     from pocket.infer import pools
-    from pocket.infer.engine import Engine
 
     monkeypatch.setattr(pools, "spin_policy", lambda graph, sample, threads: (spinning, False))
     monkeypatch.setenv("POCKET_ROUTE", "conv_tile_q" if int8 else "conv_tile")
     rng = np.random.default_rng(4)
     b = Builder((8, 32, 32), rng)
     b.conv(8, 64, 1, activation="relu")
-    g, p = b.graph(), b.params
-    quant = None
-    if int8:
-        g, p, quant = quantize_sequential(g, p, rng.standard_normal((2, 8, 32, 32)).astype(np.float32))
-    x = rng.standard_normal((1, 8, 32, 32)).astype(np.float32)
-    with Engine(save_model(tmp_path / "pw.bin", g, p, quant), max_batch=1, threads=2,
-                adaptive_threads=False) as eng:
-        got = eng.run(x, copy=True)
-        assert [r["route"] for r in eng.routes() if r["op"] == "conv2d"] == [
-            "conv_tile_q" if int8 else "conv_tile"]
-        calls = [c for c in eng._bound[1].calls if c.func.__name__.startswith("gemm_")]
+    routes, calls = two_thread_calls(tmp_path / "pw.bin", b, rng, (8, 32, 32), int8,
+                                     lambda name: name.startswith("gemm_"))
+    assert routes == ["conv_tile_q" if int8 else "conv_tile"]
     assert len(calls) == 1
     serial = calls[0].func.__name__.endswith("_serial")
     scratch = calls[0].args[-1] if int8 else calls[0].args[4]
     assert scratch.shape[0] == (1 if serial else 2)
-    with read_container(tmp_path / "pw.bin") as c:
-        want = ref.run_container(c, x)[c.graph.outputs[0]]
-    if int8:
-        assert np.array_equal(got, want)
-    else:
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
