@@ -62,8 +62,8 @@ def test_input_transform_equals_winograd_module(n, c, h, w, ph, pw):
     """kernels_fma_winograd.input_transform (16 tiles of a row a step, the padding masked off
     its loads) on the unpadded images equals kernels_winograd's on the padded ones bit for bit:
     odd sizes, each padding, rows of more than 16 tiles, into a V with skewed rows whose
-    columns past the tiles are left alone. The images sit between NaNs: a read outside them
-    would show."""
+    columns past the tiles (the GEMM's last tile) get zeros and whose skew is left alone. The
+    images sit between NaNs: a read outside them would show."""
     th, tw = -(-(h + 2 * ph - 2) // 2), -(-(w + 2 * pw - 2) // 2)
     x = _fenced((n, c, h, w))
     cols = n * th * tw + 3
@@ -73,7 +73,7 @@ def test_input_transform_equals_winograd_module(n, c, h, w, ph, pw):
     full, got = _skewed((16, c, cols))
     kfw.input_transform(got, x, tmp, th, tw, ph, pw)
     assert np.array_equal(got[:, :, :n * th * tw], want[:, :, :n * th * tw])
-    assert np.all(got[:, :, n * th * tw:] == 7.0) and np.all(full[:, c * cols:] == 7.0)
+    assert np.all(got[:, :, n * th * tw:] == 0.0) and np.all(full[:, c * cols:] == 7.0)
 
 
 @needs_fma

@@ -169,9 +169,7 @@ class ConvWinograd(Route):
                 calls += [partial(kf.pad_images, xpad.reshape(-1), xs, *geom[4:6], d["hp"], d["wp"],
                                   np.float32(0)),
                           partial(kwg.input_transform, v, xpad, tin, th, tw)]
-            if d["fma"]:
-                if cols > m * th * tw:  # the GEMM's last tile: zeros, never denormals
-                    calls.append(partial(v[:, :, m * th * tw:].fill, 0))
+            if d["fma"]:  # (input_transform zeroes the GEMM's last tile: never denormals)
                 calls.append(partial(kfma.gemm, mm, u, v, kfma.row_offsets(c, cols), 16, o, cols,
                                      v.strides[0] // 4, o * c + U_SKEW, c, mm.strides[0] // 4, cols,
                                      _EMPTY_F32, 0))
