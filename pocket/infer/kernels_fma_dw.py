@@ -241,21 +241,13 @@ def _part(out, x, w, b, scratch, lo, hi, sh, ph, pw, mode, act, alpha):
 # sums it, then requantizes and copies out the valid columns): see the route.
 
 # the largest |b_q| whose float32 sums stay exact: 2**24 less 25 * 128 * 127 for the products
-# and as much again for x_zp * sum(w_q)
+# and as much again for x_zp * sum(w_q) (the kernel's bias is b_q - x_zp * sum(w_q), the
+# route's bias_adj, as float32)
 EXACT_BIAS = 2 ** 24 - 2 * 25 * 128 * 127
 
 
 def exact_bias(b_q: np.ndarray) -> bool:
     return b_q.size == 0 or int(np.abs(b_q.astype(np.int64)).max()) <= EXACT_BIAS
-
-
-def prepare_q(w: np.ndarray, b_q: np.ndarray, x_zp: int) -> tuple[np.ndarray, np.ndarray]:
-    """(the taps as float32 (C, k*k), the bias b_q - x_zp * sum(w_q) as float32 (C,)): made once,
-    at load (exact where exact_bias(b_q))."""
-    c = w.shape[0]
-    wq = w.reshape(c, -1).astype(np.int64)
-    b = b_q.astype(np.int64) if b_q.size else np.zeros(c, np.int64)
-    return wq.astype(np.float32), (b - x_zp * wq.sum(axis=1)).astype(np.float32)
 
 
 def scratch_size_q(wd: int, wo: int) -> int:

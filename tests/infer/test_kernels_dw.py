@@ -352,7 +352,9 @@ def test_dw_conv_fma_q_exact(name, relu):
     x_zp, y_zp = 11, -5
     acc = naive_dw(x, w_q, s, p, d, x_zp, x_zp) + b_q.astype(np.int64).reshape(1, -1, 1, 1)
     twin = _naive_requant(acc, m, y_zp, relu)
-    wf, badj = kfd.prepare_q(w_q, b_q, x_zp)
+    taps = w_q.reshape(c, -1).astype(np.int64)
+    wf = taps.astype(np.float32)
+    badj = (b_q.astype(np.int64) - x_zp * taps.sum(axis=1)).astype(np.float32)
     lo = np.float32(y_zp if relu else -128) - np.float32(y_zp)
     hi = np.float32(127) - np.float32(y_zp)
     for parts, fn in ((1, kfd.dw_conv_fma_q.serial), (2, kfd.dw_conv_fma_q)):

@@ -53,8 +53,9 @@ class ConvDepthwiseInt8(Route):
         kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
         x_zp = node.attrs["x_zero_point"]
         if d["fma_q"]:
-            taps = lambda: kfd.prepare_q(d["w"], d["b_q"], x_zp)  # noqa: E731
-            wf, badj = prepared(d, "w_taps", lambda: taps()[0]), prepared(d, "b_taps", lambda: taps()[1])
+            # the taps and b_q - x_zp * sum(w_q) (bias_adj) as float32: exact (exact_bias)
+            wf = prepared(d, "w_taps", lambda: d["w"].reshape(d["w"].shape[0], -1).astype(np.float32))
+            badj = prepared(d, "b_taps", lambda: d["bias_adj"].astype(np.float32))
             m = prepared(d, "m_f32", lambda: d["m"].astype(np.float32))
             geo = d["geo"]
             row = kfd.scratch_size_q(geo.w, geo.wo)
