@@ -54,6 +54,9 @@ HALF_P = 16  # pixels of a half tile: a GEMM's last one, when its width is 16 pa
 BLOCK_K, GROUP_P = 256, 16  # cache blocking (see gemm): 512 pixels x 256 rows = 512 KiB
 # A GEMM whose weights pass this does not keep them in L2 from call to call (_block_k)
 STREAM_W_BYTES = 1 << 20
+# _sub_chunks: a part's channels in chunks of at most this many bytes of weights, each of at
+# least SUB_MIN_O channels
+SUB_W_BYTES, SUB_MIN_O = 1 << 20, 96
 # gemm_pool2_pitch's images (one group each) up to this many pixels: 256 rows of them fill
 # 1 MiB of L2 (cnn_mnist's first conv, 816 pixels at batch 1: gemm + pool 8.5 -> ~7 us)
 POOL_GROUP_MAX = 2 * GROUP_P * TILE_P
@@ -73,10 +76,10 @@ def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False, partial: bool = 
     bias != 0 (the address of row 0's bias) c gets the sums + bias, then a ReLU if relu != 0.
     masked (nv = 1): a 12th argument cnt (1..16) is the tile's pixels; the lanes past it are
     neither read (x, c) nor written (a GEMM's last pixels, when m is not a multiple of 16).
-    partial (nv = 4): a 12th argument cnt (33..64) is the tile's pixels; the lanes of vectors 2
-    and 3 past it are neither read nor written (a GEMM's last 49-63 pixels in one wide tile,
-    where a tile, a half tile and a masked one each broadcast every weight again: a 7x7 map's
-    1x1 convs, 192 x 1152 @ 1152 x 49, ran 0.70x of that on one thread).
+    partial (nv = 3 or 4): a 12th argument cnt (33..16nv) is the tile's pixels; the lanes of
+    vectors 2 (and 3) past it are neither read nor written (a GEMM's last 33-63 pixels in one
+    tile, where a tile, a half tile and a masked one each broadcast every weight again: a 7x7
+    map's 1x1 convs, 192 x 1152 @ 1152 x 49, ran 0.70x of that on one thread).
     """
 
     def codegen(context, builder, signature, args):
@@ -166,6 +169,12 @@ _wide = _make_tile(4, WIDE_O)  # 64 pixels (two tiles)
 # (mlp's 256 channels are 42 tiles and 4; a 10-class linear 6 and 4)
 _wide4, _wide2 = _make_tile(4, 4), _make_tile(4, 2)
 _wide_part = _make_tile(4, WIDE_O, partial=True)  # a GEMM's last 49..63 pixels
+# ... and its last 33..48 (a 13x13 map's 169 = 2 x 64 + 41). Where the channels take wide tiles,
+# the narrow tiles have WIDE_O rows too: of 8, a tile of 6 channels computed 8 (SqueezeNet's
+# 1000 x 512 @ 512 x 169, one thread: 32 + 9 pixels a 6 x 32 tile of 8 rows and a 9-pixel
+# tail of 8, 12.5 cycles a step where one 6 x 48 tile takes 9)
+_wide3_part = _make_tile(3, WIDE_O, partial=True)
+_tile6, _half6, _tail6 = _make_tile(2, WIDE_O), _make_tile(1, WIDE_O), _make_tile(1, WIDE_O, masked=True)
 
 
 def _shuffle(builder, a, b, idx):
@@ -547,11 +556,43 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, t
     ob, oe = _channels(rest % n_o, o, n_o, tr)
     xb, cb = xa + item * xs * 4, ca + (item * cs) * 4
     p0, p1 = _group(g, n_p, n_g)
+    n_c = _sub_chunks(p1 - p0, oe - ob, k)
+    if n_c > 0:
+        tiles_o = (oe - ob + tr - 1) // tr
+        for ci in range(n_c):
+            t0, t1 = _group(ci, tiles_o, n_c)
+            o0, o1 = ob + t0 * tr, min(oe, ob + t1 * tr)
+            for q0 in range(p0, p1, 2):
+                for k0 in range(0, k, BLOCK_K // 2):
+                    nk = min(BLOCK_K // 2, k - k0)
+                    _gemm_block(wa + (item * ws + k0) * 4, ldw, xb, oa + k0 * 8, nk, cb, ldc, k0,
+                                k0 + nk == k, o0, o1, tr, q0, min(p1, q0 + 2), m, ba, epi, relu)
+        return
     kb = _block_k(p1 - p0, m, k, w.size * 4)
     for k0 in range(0, k, kb):
         nk = min(kb, k - k0)
         _gemm_block(wa + (item * ws + k0) * 4, ldw, xb, oa + k0 * 8, nk, cb, ldc, k0, k0 + nk == k,
                     ob, oe, tr, p0, p1, m, ba, epi, relu)
+
+
+@njit(cache=True)
+def _sub_chunks(tiles, channels, k):
+    """The chunks of a part's channels that each run its pixel tiles two at a time, BLOCK_K // 2
+    rows of inputs at a time (32 KiB: they stay in L1 while the chunk's channel tiles pass over
+    them; the chunk's weights, at most SUB_W_BYTES, stay in L2); 0: the part runs as one group
+    (see _block_k).
+
+    NOTE: the group's inputs (BLOCK_K rows of up to 512 pixels) came from L2 for each channel
+    tile, 4 vectors a step: where there are many channels and few pixels, that is what the
+    tiles waited on (SqueezeNet's 1000 x 512 @ 512 x 169, one thread: 1.40 -> 1.30 ms; 128 x
+    288 @ 288 x 729 455 -> 410 us, 512 x 512 @ 512 x 196 729 -> 685). Few channels (64: 11
+    tiles) re-read each chunk's weights for too few tiles (64 x 144 @ 144 x 3025 2% slower, 64
+    x 16 @ 16 x 3025 27%), and weights past L2 (256 x 2304) would come from L3 for each pair
+    of pixel tiles (5% slower)."""
+    if tiles <= 2 or k < 64:
+        return 0
+    n = -(-channels * k * 4 // SUB_W_BYTES)
+    return n if channels // n >= SUB_MIN_O else 0
 
 
 @njit(cache=True, inline="always")
@@ -599,11 +640,16 @@ def _gemm_block(wk, ldw, xb, ok, nk, cb, ldc, k0, last, o_lo, o_hi, tr, p0, p1, 
                     _wide(*args)
                 pt += 2
                 continue
-            if tr == WIDE_O and pt + 1 < p1 and m - pt * TILE_P > TILE_P + HALF_P:  # the last 49..63
-                _wide_part(*args, m - pt * TILE_P)
+            if tr == WIDE_O and pt + 1 < p1 and m - pt * TILE_P > TILE_P:  # the last 33..63
+                if m - pt * TILE_P > TILE_P + HALF_P:
+                    _wide_part(*args, m - pt * TILE_P)
+                else:
+                    _wide3_part(*args, m - pt * TILE_P)
                 pt += 2
                 continue
-            if (pt + 1) * TILE_P <= m:
+            if tr == WIDE_O:
+                _narrow6(args, pt, m, wr, ldw, xb, ok, nk, cr, ldc, k0, rows, bias, relu)
+            elif (pt + 1) * TILE_P <= m:
                 _tile(*args)
             elif m - pt * TILE_P >= HALF_P:
                 _half(*args)
@@ -614,6 +660,25 @@ def _gemm_block(wk, ldw, xb, ok, nk, cb, ldc, k0, last, o_lo, o_hi, tr, p0, p1, 
             else:
                 _tail(*args, m - pt * TILE_P)
             pt += 1
+
+
+@njit(cache=True)
+def _narrow6(args, pt, m, wr, ldw, xb, ok, nk, cr, ldc, k0, rows, bias, relu):
+    """_gemm_block's tile pt of at most 32 pixels where the channels take wide tiles: a tile, a
+    half tile and a masked tail, of WIDE_O rows (see _tile6).
+
+    NOTE: a function of its own, not inlined: inlined in _gemm_block, ResNet-18's Winograd
+    GEMMs (16 x 256 x 256 @ 64, wide tiles only) ran 1.2-1.5x slower in the network."""
+    if (pt + 1) * TILE_P <= m:
+        _tile6(*args)
+    elif m - pt * TILE_P >= HALF_P:
+        _half6(*args)
+        if m - pt * TILE_P > HALF_P:
+            _tail6(wr, ldw * 4, xb + (pt * TILE_P + HALF_P) * 4, ok, nk,
+                   cr + (pt * TILE_P + HALF_P) * 4, ldc * 4, k0, rows, bias, relu,
+                   m - pt * TILE_P - HALF_P)
+    else:
+        _tail6(*args, m - pt * TILE_P)
 
 
 @kernel

@@ -58,14 +58,16 @@ def _naive(w, rows):
                                       (1, 5, 600, 80), (1, 33, 300, 96), (1, 9, 129, 560),
                                       (1, 12, 40, 96), (2, 18, 300, 160), (1, 130, 33, 112),
                                       (3, 64, 64, 256), (1, 122, 5, 64), (1, 31, 70, 64),
-                                      (1, 41, 20, 128), (2, 260, 600, 48)])
+                                      (1, 41, 20, 128), (2, 260, 600, 48), (1, 400, 700, 96),
+                                      (2, 130, 129, 200)])
 def test_gemm_explicit_rows(nb, o, k, m, shift, serial):
     """nb GEMMs on explicit (K, M) columns, the weights nb blocks apart; every channel tail
     (o % 8), half tiles (m % 32 == 16) and K longer than a cache block; wide tiles (pairs of
     tiles, 6 channels: o = 12, 18, 130; with rows on cache lines (shift 0) also 33, 64, 122,
     31 and 41, whose last wide tile has 3, 4, 2, 1 and 5 channels) beside single and half
-    ones; weights past STREAM_W_BYTES (2 x 260 x 600: all of K at once); the parallel and
-    serial twins alike."""
+    ones; weights past STREAM_W_BYTES (2 x 260 x 600: all of K at once); many channels over
+    more than 2 tiles in chunks, 2 tiles and half a block of K at a time (400 x 700: two
+    chunks; 130 x 129); the parallel and serial twins alike."""
     assert 2 * 260 * 600 * 4 > kfma.STREAM_W_BYTES
     x = _at_line((nb, k, m), shift)
     w = RNG.standard_normal((nb, o, k)).astype(np.float32)
@@ -88,14 +90,18 @@ TILE_ACTS = {0: lambda v: v, 2: lambda v: np.maximum(v, 0), 3: lambda v: v / (1 
 @pytest.mark.parametrize("epi", sorted(TILE_ACTS))
 @pytest.mark.parametrize("nb,o,k,m", [(1, 8, 5, 1), (2, 13, 7, 9), (1, 6, 3, 17), (3, 64, 16, 49),
                                       (1, 24, 300, 31), (2, 100, 40, 169), (1, 16, 64, 3025),
-                                      (1, 48, 20, 49), (2, 30, 33, 63), (1, 12, 300, 113)])
+                                      (1, 48, 20, 49), (2, 30, 33, 63), (1, 12, 300, 113),
+                                      (1, 18, 70, 105), (2, 30, 20, 100), (1, 36, 20, 196),
+                                      (1, 24, 30, 80), (1, 1000, 70, 169)])
 def test_gemm_masked_tail(nb, o, k, m, epi, serial):
     """m not a multiple of 16 (a 1x1 conv's H*W, routes.conv_fma_1x1): the last m % 16 pixels
     run masked (the last 49-63 in one wide tile where the channels take wide tiles: 48, 30
     and 12 of them). X ends on a guard page (a read past it faults) and C is followed by NaN
     sentinels (a write past it shows); every output, the tail's too, is the GEMM's, through
     the tiles' activations (SiLU and sigmoid on the float32 exp polynomial); a NaN input
-    pixel gives NaN outputs in its column whatever the activation."""
+    pixel gives NaN outputs in its column whatever the activation. The last 33-48 pixels take
+    one tile of 3 vectors, and the narrow tiles beside wide ones have 6 rows (105, 100 and 169
+    pixels; 196 and 80: a 4-pixel tail and a half tile of 6 rows)."""
     from route_fuzz import guarded_copy
 
     x = 3 * RNG.standard_normal((nb, k, m)).astype(np.float32)
