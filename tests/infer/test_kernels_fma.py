@@ -420,3 +420,28 @@ def test_gemm_channel_splits_share_the_tiles_evenly(o, tr):
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
     tiles = [-(-(b - a) // tr) for a, b in bounds]
     assert min(tiles) >= 1 and max(tiles) - min(tiles) <= 1, bounds
+
+
+@needs_fma
+@pytest.mark.parametrize("epi,name", [(3, "silu"), (4, "sigmoid")])
+def test_tile_exp_activations_within_4_ulp(epi, name):
+    """The tiles' SiLU and sigmoid (exp by vscalefps, 1/d by vrcp14ps and a Newton step) on
+    sums that are the inputs themselves (one weight, 1.0): within 4 ulp of the float64 formula
+    (1e-36 absolute where exp32's clamp and float32 underflow meet), NaN and infinities kept."""
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 3.0, -3.0, 86.8, -86.8, 88.7, -88.7,
+                        89.5, -89.5, -103.9, 800.0, -800.0, 1e-30, -1e-30], np.float32)
+    v = np.concatenate([RNG.standard_normal(3000).astype(np.float32) * s for s in (0.5, 4, 40)]
+                       + [special])
+    m = v.size
+    c = np.full((1, m), 7.0, np.float32)
+    kfma.gemm(c, np.ones((1, 1), np.float32), v.reshape(1, m).copy(), kfma.row_offsets(1, m), 1, 1,
+              m, 0, 0, 1, 0, m, np.zeros(1, np.float32), epi)
+    with np.errstate(over="ignore", invalid="ignore"):
+        exact = TILE_ACTS[epi](v.astype(np.float64))
+    want = exact.astype(np.float32)
+    out = c[0]
+    assert np.array_equal(np.isnan(out), np.isnan(want)), name
+    assert np.array_equal(np.isinf(out), np.isinf(want)), name
+    ok = np.isfinite(want)
+    ulp = np.spacing(np.abs(want[ok])).astype(np.float64)
+    assert np.all(np.abs(out[ok] - exact[ok]) <= 4 * ulp + 1e-36), name
