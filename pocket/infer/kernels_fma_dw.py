@@ -17,7 +17,9 @@ MobileNetV2's layers, the two copies costing as much as the sums, and the SiLU a
   2R chains are in flight (4-cycle latency, two units);
 - the activation (ReLU, relu6, SiLU, sigmoid, hardswish, hardsigmoid: kernels_fma's, within a
   few ulp of the float64 formula) runs on the sums before the one masked store; other
-  activations take one pass over each plane.
+  activations take one pass over each plane;
+- a small plane (at most FLAT_MAX outputs, stride 1, "same" padding) is summed as one flat run
+  of vectors instead (dw_conv_fma_flat), each tap a masked load at a fixed offset.
 
 The sums differ from the reference's float64 sum by float32 rounding only (bias first, the
 taps in an order of their own). ARM and older x86 keep kernels_dw.
@@ -229,6 +231,130 @@ def _part(out, x, w, b, scratch, lo, hi, sh, ph, pw, mode, act, alpha):
                 _R52(oa_rows, ra, wb, wd, wo, pw, bo, reg)
         if mode < 0 and act != 0:
             act_inplace(out.reshape(-1), nc * ho * wo, ho * wo, np.float32(0.0), act, alpha)
+
+
+# --------------------------------------------------------------------------- small planes
+#
+# A plane of at most FLAT_MAX outputs at stride 1 with "same" padding (Ho, Wo = H, W): its
+# outputs t = oh * W + ow and inputs share one flat index, tap (i, j) reading input
+# t + (i - ph) * W + (j - pw); so each tap is one masked load a vector of 16 outputs, the mask
+# (flat_masks, made at load) zeroing the lanes whose input is padding. Row by row, a 4x4 plane
+# left 12 of 16 lanes idle, each input row loaded again for each column shift, and the setup
+# of a row call (its row addresses) cost more than the sums.
+FLAT_MAX = 64
+_VB = ir.VectorType(ir.IntType(1), 16)
+
+
+def flat_fast(h: int, w: int, ho: int, wo: int, kh: int, sh: int) -> bool:
+    """Whether dw_conv_fma_flat takes this geometry (the route checks the rest: 3x3 or 5x5)."""
+    return sh == 1 and (ho, wo) == (h, w) and h * w <= FLAT_MAX and kh in (3, 5)
+
+
+def flat_masks(h: int, w: int, k: int, ph: int, pw: int) -> np.ndarray:
+    """(k*k, nv) int32: bit l of [tap, v] set where output 16v + l exists and its tap's input
+    (row oh + i - ph, column ow + j - pw) lies inside the plane."""
+    nv = -(-h * w // 16)
+    t = np.arange(nv * 16)
+    oh, ow = t // w, t % w
+    out = np.zeros((k * k, nv), np.int64)
+    for i in range(k):
+        for j in range(k):
+            ok = (t < h * w) & (oh + i - ph >= 0) & (oh + i - ph < h) & (ow + j - pw >= 0) & (ow + j - pw < w)
+            bits = (ok.reshape(nv, 16) << np.arange(16)).sum(axis=1)
+            out[i * k + j] = bits
+    return out.astype(np.int32)
+
+
+def _make_flat(k: int, nv: int):
+    """One small plane (see FLAT_MAX): o, x (its output and input planes), w (its k*k taps),
+    masks (flat_masks' k*k*nv int32), wd (W), ph, pw, n (H*W), bias (f32), mode. Each vector's
+    sum in two chains (the taps' even and odd columns, as the row kernels), the activation
+    (kernels_fma's tile modes) in registers, one masked store a vector."""
+
+    def codegen(context, builder, signature, args):
+        o, x, w, masks, wd, ph, pw, n, bias, mode = args
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
+                                             "llvm.fma.v16f32")
+        ld, st = _masked_io(builder, _VF, 4)
+        bv = _splat(builder, bias, _VF)
+        acc = [[bv, ir.Constant(_VF, None)] for _ in range(nv)]
+        for i in range(k):
+            row = builder.mul(builder.sub(_const(i), ph), wd)
+            for j in range(k):
+                t = i * k + j
+                off = builder.mul(builder.add(row, builder.sub(_const(j), pw)), _const(4))
+                wt = _splat(builder, builder.load(_ptr(builder, builder.add(w, _const(4 * t)), _F32),
+                                                  align=4), _VF)
+                for v in range(nv):
+                    bits = builder.load(_ptr(builder, builder.add(masks, _const(4 * (t * nv + v))), _I32),
+                                        align=4)
+                    msk = builder.bitcast(builder.trunc(bits, ir.IntType(16)), _VB)
+                    val = ld(builder.add(x, builder.add(off, _const(64 * v))), msk)
+                    acc[v][j & 1] = builder.call(fma, [wt, val, acc[v][j & 1]])
+        sums = [builder.fadd(a, b) for a, b in acc]
+
+        def store(act):
+            for v in range(nv):
+                st(act(builder, sums[v]), builder.add(o, _const(64 * v)),
+                   _lanes_below(builder, builder.sub(n, _const(16 * v))))
+
+        kfma._by_mode(builder, mode, store)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def flat(typingctx, o, x, w, masks, wd, ph, pw, n, bias, mode):
+        return types.void(*[types.intp] * 8, types.float32, types.intp), codegen
+
+    return flat
+
+
+# (one intrinsic per vector count: 1-4 vectors, 16-64 outputs)
+_FLAT3 = [_make_flat(3, nv) for nv in range(1, 5)]
+_FL31, _FL32, _FL33, _FL34 = _FLAT3
+_FLAT5 = [_make_flat(5, nv) for nv in range(1, 5)]
+_FL51, _FL52, _FL53, _FL54 = _FLAT5
+
+
+@kernel
+def dw_conv_fma_flat(out, x, w, b, masks, parts, ph, pw, mode, act, alpha):
+    """dw_conv_fma (same arguments but scratch) for flat_fast's small planes: masks from
+    flat_masks(H, W, k, ph, pw), `parts` runs of the N*C planes for the threads."""
+    for part in prange(parts):
+        lo, hi = _parts(x.shape[0] * x.shape[1], parts, part)
+        _flat_part(out, x, w, b, masks, lo, hi, ph, pw, mode, act, alpha)
+
+
+@njit(cache=True)
+def _flat_part(out, x, w, b, masks, lo, hi, ph, pw, mode, act, alpha):
+    c, h, wd = x.shape[1], x.shape[2], x.shape[3]
+    k, n = w.shape[2], h * wd
+    nv = (n + 15) // 16
+    has_bias = b.shape[0] > 0
+    xa, oa, wa, ma = (np.int64(x.ctypes.data), np.int64(out.ctypes.data), np.int64(w.ctypes.data),
+                      np.int64(masks.ctypes.data))
+    reg = max(mode, 0)
+    for nc in range(lo, hi):
+        bo = b[nc % c] if has_bias else np.float32(0.0)
+        wb, xp, op = wa + (nc % c) * k * k * 4, xa + nc * n * 4, oa + nc * n * 4
+        if k == 3:
+            if nv == 1:
+                _FL31(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
+            elif nv == 2:
+                _FL32(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
+            elif nv == 3:
+                _FL33(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
+            else:
+                _FL34(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
+        elif nv == 1:
+            _FL51(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
+        elif nv == 2:
+            _FL52(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
+        elif nv == 3:
+            _FL53(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
+        else:
+            _FL54(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
+        if mode < 0 and act != 0:
+            act_inplace(out.reshape(-1), nc * n, n, np.float32(0.0), act, alpha)
 
 
 # --------------------------------------------------------------------------- int8

@@ -331,6 +331,78 @@ def test_dw_conv_fma(name, act):
     assert np.all(np.abs(out - naive_dw(x, w, s, p, d, 0.0)) <= _f32_bound(x, w, 0 * b, s, p, d))
 
 
+# small planes at stride 1 with "same" padding (kernels_fma_dw.dw_conv_fma_flat): 1-4 vectors
+FLAT = {"4x4": (2, 5, 4, 4, 3), "8x8": (1, 3, 8, 8, 3), "7x7-5x5": (2, 3, 7, 7, 5),
+        "1x1": (1, 4, 1, 1, 3), "2x3-5x5": (1, 3, 2, 3, 5), "3x11": (1, 2, 3, 11, 3),
+        "16x4": (1, 2, 16, 4, 3), "1x64-5x5": (1, 2, 1, 64, 5), "5x9-5x5": (2, 2, 5, 9, 5)}
+
+
+@pytest.mark.parametrize("name", FLAT)
+@pytest.mark.parametrize("act", ["none", "relu", "relu6", "silu", "hardswish", "tanh"])
+def test_dw_conv_fma_flat(name, act):
+    """The small planes' kernel against the naive twin, every activation in registers (tanh:
+    the pass after), one part and two, with and without a bias: each tap's mask zeroes the
+    padding lanes, whatever the plane's shape (rows of 1 to 64 columns); NaN in the output
+    buffer shows a lane not written."""
+    from pocket.infer import kernels_fma as kfma
+
+    if not kfma.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512")
+    from pocket.infer import kernels_fma_dw as kfd
+
+    n, c, h, wd, k = FLAT[name]
+    s, p, d = (1, 1), (k // 2, k // 2), (1, 1)
+    assert kfd.flat_fast(h, wd, h, wd, k, 1)
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    x[0, 0, 0, 0] = 30.0
+    w = RNG.standard_normal((c, 1, k, k)).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    mode, f = FMA_ACTS[act]
+    mode = {"relu6": kfma.MODE_RELU6, "silu": kfma.MODE_SILU,
+            "hardswish": kfma.MODE_HSWISH}.get(act, mode)
+    code = kf.ACT["clip"] if act == "relu6" else kf.ACT[act]
+    masks = kfd.flat_masks(h, wd, k, *p)
+    y = naive_dw(x, w, s, p, d, 0.0) + b.reshape(1, -1, 1, 1)
+    twin = f(y)
+    bound = 1.5 * _f32_bound(x, w, b, s, p, d) + 4 * np.spacing(np.abs(twin).astype(np.float32))
+    for parts, fn in ((1, kfd.dw_conv_fma_flat.serial), (2, kfd.dw_conv_fma_flat)):
+        out = np.full((n, c, h, wd), np.nan, np.float32)
+        fn(out, x, w, b, masks, parts, *p, mode, code, 6.0)
+        assert np.all(np.abs(out - twin) <= bound), parts
+    out = np.full((n, c, h, wd), np.nan, np.float32)
+    fn(out, x, w, np.zeros(0, np.float32), masks, 2, *p, 0, 0, 0.0)  # no bias
+    assert np.all(np.abs(out - naive_dw(x, w, s, p, d, 0.0)) <= _f32_bound(x, w, 0 * b, s, p, d))
+
+
+@pytest.mark.parametrize("h,w,k,flat", [(4, 4, 3, True), (7, 7, 5, True), (8, 8, 3, True),
+                                        (9, 9, 3, False), (7, 7, 3, True)])
+def test_small_planes_take_the_flat_kernel(tmp_path, h, w, k, flat):
+    """On AVX-512 a depthwise conv of at most 64 outputs a plane at stride 1, "same" padding,
+    binds dw_conv_fma_flat (5x5 on 7x7 too, which the row kernels decline) and matches the
+    reference; 9x9 keeps the row kernels."""
+    from models import Builder, matches_reference
+
+    from pocket.infer import kernels_fma
+    from pocket.infer.engine import Engine
+
+    if not kernels_fma.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512")
+    rng = np.random.default_rng(13)
+    b = Builder((24, h, w), rng)
+    b.conv(24, 24, k, groups=24, padding=[k // 2, k // 2], activation="relu")
+    path = tmp_path / "dw.bin"
+    from models import save_model
+
+    save_model(path, b.graph(), b.params, None)
+    x = rng.standard_normal((2, 24, h, w)).astype(np.float32)
+    with Engine(path, max_batch=2, threads=1) as eng:
+        eng._arena.fill(255)
+        got = eng.run(x, copy=True)
+        names = [c.func.__name__ for c in eng._bound[2].calls]
+    assert any(n.startswith("dw_conv_fma_flat") for n in names) == flat, names
+    matches_reference(path, x, got, False)
+
+
 @pytest.mark.parametrize("name", FMA_DW)
 @pytest.mark.parametrize("relu", [False, True])
 def test_dw_conv_fma_q_exact(name, relu):
@@ -418,6 +490,8 @@ def _parts(call) -> int:
         return call.args[2].shape[0]
     if name.startswith("dw_conv_fma_q"):
         return call.args[5].shape[0]
+    if name.startswith("dw_conv_fma_flat"):
+        return call.args[5]
     return call.args[4].shape[0]  # dw_conv_fma / dw_conv_padded*: their scratch
 
 

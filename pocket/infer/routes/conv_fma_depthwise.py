@@ -4,7 +4,8 @@
 sigmoid) on the sums in registers; other activations take one pass over each plane. Ahead of
 conv_depthwise (the portable padded-plane kernels), which takes every other geometry, every
 CPU without AVX-512, and the 5x5 convs this route declines (stride 2, maps of 8 columns or
-fewer: see declines).
+fewer: see declines). Planes of at most 64 outputs at stride 1 with "same" padding take
+kernels_fma_dw.dw_conv_fma_flat instead of the row kernels (see _flat).
 
 NOTE: against kernels_dw.dw_conv_padded on one thread (EfficientNet-B0's and MobileNetV2's
 layers, no activation): 32 x 112 x 112 3x3 0.46 -> 0.22 ms, 96 x 112 x 112 3x3/2 0.78 -> 0.42,
@@ -50,7 +51,8 @@ class ConvFmaDepthwise(Route):
         # 3x3 stays here: on 8x8 and smaller maps it won or lost by ~10% by activation (4x4
         # relu6 11.5 vs 13.3 us, 8x8 SiLU 15.7 vs 13.4), and MobileNetV2 ran 1.03-1.05x slower
         # with them there; 5x5 on 14x14 maps here too (480 x 14 x 14 relu6 88 vs 101 us)
-        if geo.kh == 5 and geo.wo <= 8:
+        # (small planes at stride 1 with "same" padding take the flat kernel: see _flat)
+        if geo.kh == 5 and geo.wo <= 8 and not _flat(geo):
             return "5x5 on maps of 8 columns or fewer: conv_depthwise's flat loop fills the vectors"
         if geo.kh == 5 and geo.sh == 2:
             return "5x5 stride 2: conv_depthwise's phase planes are faster"
@@ -59,6 +61,10 @@ class ConvFmaDepthwise(Route):
     def prepare(self, ctx, node):
         d = conv_prep(ctx, node, self.name)
         geo = d["geo"]
+        if _flat(geo):
+            d["masks"] = kfd.flat_masks(geo.h, geo.w, geo.kh, geo.ph, geo.pw)
+            d["scratch_bytes"] = 0
+            return d
         d["row"] = kfd.scratch_size(geo.w, geo.wo)
         d["scratch_bytes"] = max(1, ctx.threads) * d["row"] * 4
         return d
@@ -70,6 +76,19 @@ class ConvFmaDepthwise(Route):
         epi = register_epi(act, alpha)
         kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
         parts = plane_parts(ctx, d["geo"], n)
+        mode = -1 if epi is None else epi - 1
+        if "masks" in d:
+            return [partial(kfd.dw_conv_fma_flat, y, x, d["w"], d["b"], d["masks"], parts, ph, pw,
+                            mode, act, alpha)]
         scratch = ctx.scratch(step, np.float32, (parts, d["row"]))
-        return [partial(kfd.dw_conv_fma, y, x, d["w"], d["b"], scratch, sh, ph, pw,
-                        -1 if epi is None else epi - 1, act, alpha)]
+        return [partial(kfd.dw_conv_fma, y, x, d["w"], d["b"], scratch, sh, ph, pw, mode, act,
+                        alpha)]
+
+
+def _flat(geo) -> bool:
+    """Whether the node takes kernels_fma_dw.dw_conv_fma_flat: a small plane at stride 1 with
+    "same" padding (NOTE: one thread, against the row kernels: 480 x 4 x 4 3x3 12.7 -> 5.0 us,
+    192 x 8 x 8 9.9 -> 5.6, 288 x 8 x 8 14.2 -> 8.7, 1152 x 7 x 7 5x5 104 -> 75, where the
+    padded plane this route declined took ~110)."""
+    return (kfd.flat_fast(geo.h, geo.w, geo.ho, geo.wo, geo.kh, geo.sh)
+            and geo.ph == geo.pw == geo.kh // 2)
