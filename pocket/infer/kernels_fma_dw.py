@@ -18,7 +18,7 @@ MobileNetV2's layers, the two copies costing as much as the sums, and the SiLU a
 - the activation (ReLU, relu6, SiLU, sigmoid, hardswish, hardsigmoid: kernels_fma's, within a
   few ulp of the float64 formula) runs on the sums before the one masked store; other
   activations take one pass over each plane;
-- a small plane (at most FLAT_MAX outputs, stride 1, "same" padding) is summed as one flat run
+- a small plane (at most 64 outputs, 196 at 3x3; stride 1, "same" padding) is one flat run
   of vectors instead (dw_conv_fma_flat), each tap a masked load at a fixed offset.
 
 The sums differ from the reference's float64 sum by float32 rounding only (bias first, the
@@ -235,19 +235,24 @@ def _part(out, x, w, b, scratch, lo, hi, sh, ph, pw, mode, act, alpha):
 
 # --------------------------------------------------------------------------- small planes
 #
-# A plane of at most FLAT_MAX outputs at stride 1 with "same" padding (Ho, Wo = H, W): its
-# outputs t = oh * W + ow and inputs share one flat index, tap (i, j) reading input
-# t + (i - ph) * W + (j - pw); so each tap is one masked load a vector of 16 outputs, the mask
-# (flat_masks, made at load) zeroing the lanes whose input is padding. Row by row, a 4x4 plane
-# left 12 of 16 lanes idle, each input row loaded again for each column shift, and the setup
-# of a row call (its row addresses) cost more than the sums.
-FLAT_MAX = 64
+# A plane of at most FLAT_MAX outputs (FLAT_MAX_3 for 3x3) at stride 1 with "same" padding
+# (Ho, Wo = H, W): its outputs t = oh * W + ow and inputs share one flat index, tap (i, j)
+# reading input t + (i - ph) * W + (j - pw); so each tap is one masked load a vector of 16
+# outputs, the mask (flat_masks, made at load) zeroing the lanes whose input is padding. Row by
+# row, a 4x4 plane left 12 of 16 lanes idle, each input row loaded again for each column shift,
+# and the setup of a row call (its row addresses) cost more than the sums.
+# NOTE: one thread, against the row kernels: 480 x 4 x 4 3x3 12.7 -> 5.0 us, 192 x 8 x 8 9.9 ->
+# 5.6, 1152 x 7 x 7 5x5 104 -> 75, 480 x 14 x 14 3x3 47 -> 41; but 5x5 on 14x14 maps 125 -> 140
+# (672 channels: the row kernels load each input row once for 4 output rows), and 3x3 on 16x16
+# even (23 vs 22)
+FLAT_MAX, FLAT_MAX_3 = 64, 196
 _VB = ir.VectorType(ir.IntType(1), 16)
 
 
 def flat_fast(h: int, w: int, ho: int, wo: int, kh: int, sh: int) -> bool:
     """Whether dw_conv_fma_flat takes this geometry (the route checks the rest: 3x3 or 5x5)."""
-    return sh == 1 and (ho, wo) == (h, w) and h * w <= FLAT_MAX and kh in (3, 5)
+    return (sh == 1 and (ho, wo) == (h, w) and kh in (3, 5)
+            and h * w <= (FLAT_MAX_3 if kh == 3 else FLAT_MAX))
 
 
 def flat_masks(h: int, w: int, k: int, ph: int, pw: int) -> np.ndarray:
@@ -266,13 +271,15 @@ def flat_masks(h: int, w: int, k: int, ph: int, pw: int) -> np.ndarray:
 
 
 def _make_flat(k: int, nv: int):
-    """One small plane (see FLAT_MAX): o, x (its output and input planes), w (its k*k taps),
-    masks (flat_masks' k*k*nv int32), wd (W), ph, pw, n (H*W), bias (f32), mode. Each vector's
-    sum in two chains (the taps' even and odd columns, as the row kernels), the activation
-    (kernels_fma's tile modes) in registers, one masked store a vector."""
+    """nv vectors (16 outputs each) of one plane's flat run (see FLAT_MAX): o, x (the addresses
+    of the block's first output and of the input at the same flat index), w (the channel's k*k
+    taps), masks (the block's first mask of tap 0 in flat_masks: int32, ms bytes from one tap
+    to the next), wd (W), ph, pw, n (the outputs from the block's first on), bias (f32), mode.
+    Each vector's sum in two chains (the taps' even and odd columns, as the row kernels), the
+    activation (kernels_fma's tile modes) in registers, one masked store a vector."""
 
     def codegen(context, builder, signature, args):
-        o, x, w, masks, wd, ph, pw, n, bias, mode = args
+        o, x, w, masks, ms, wd, ph, pw, n, bias, mode = args
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                              "llvm.fma.v16f32")
         ld, st = _masked_io(builder, _VF, 4)
@@ -285,9 +292,9 @@ def _make_flat(k: int, nv: int):
                 off = builder.mul(builder.add(row, builder.sub(_const(j), pw)), _const(4))
                 wt = _splat(builder, builder.load(_ptr(builder, builder.add(w, _const(4 * t)), _F32),
                                                   align=4), _VF)
+                mt = builder.add(masks, builder.mul(ms, _const(t)))
                 for v in range(nv):
-                    bits = builder.load(_ptr(builder, builder.add(masks, _const(4 * (t * nv + v))), _I32),
-                                        align=4)
+                    bits = builder.load(_ptr(builder, builder.add(mt, _const(4 * v)), _I32), align=4)
                     msk = builder.bitcast(builder.trunc(bits, ir.IntType(16)), _VB)
                     val = ld(builder.add(x, builder.add(off, _const(64 * v))), msk)
                     acc[v][j & 1] = builder.call(fma, [wt, val, acc[v][j & 1]])
@@ -302,13 +309,13 @@ def _make_flat(k: int, nv: int):
         return context.get_dummy_value()
 
     @intrinsic
-    def flat(typingctx, o, x, w, masks, wd, ph, pw, n, bias, mode):
-        return types.void(*[types.intp] * 8, types.float32, types.intp), codegen
+    def flat(typingctx, o, x, w, masks, ms, wd, ph, pw, n, bias, mode):
+        return types.void(*[types.intp] * 9, types.float32, types.intp), codegen
 
     return flat
 
 
-# (one intrinsic per vector count: 1-4 vectors, 16-64 outputs)
+# (one intrinsic per vector count: a plane runs in blocks of 4 vectors, then 1-3)
 _FLAT3 = [_make_flat(3, nv) for nv in range(1, 5)]
 _FL31, _FL32, _FL33, _FL34 = _FLAT3
 _FLAT5 = [_make_flat(5, nv) for nv in range(1, 5)]
@@ -324,6 +331,28 @@ def dw_conv_fma_flat(out, x, w, b, masks, parts, ph, pw, mode, act, alpha):
         _flat_part(out, x, w, b, masks, lo, hi, ph, pw, mode, act, alpha)
 
 
+@njit(cache=True, inline="always")
+def _flat_block(k, nb, o, x, w, m, ms, wd, ph, pw, n, bo, reg):
+    """A block of nb (1-4) vectors of a plane's flat run (see _make_flat)."""
+    if k == 3:
+        if nb == 4:
+            _FL34(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+        elif nb == 1:
+            _FL31(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+        elif nb == 2:
+            _FL32(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+        else:
+            _FL33(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+    elif nb == 4:
+        _FL54(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+    elif nb == 1:
+        _FL51(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+    elif nb == 2:
+        _FL52(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+    else:
+        _FL53(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+
+
 @njit(cache=True)
 def _flat_part(out, x, w, b, masks, lo, hi, ph, pw, mode, act, alpha):
     c, h, wd = x.shape[1], x.shape[2], x.shape[3]
@@ -336,23 +365,9 @@ def _flat_part(out, x, w, b, masks, lo, hi, ph, pw, mode, act, alpha):
     for nc in range(lo, hi):
         bo = b[nc % c] if has_bias else np.float32(0.0)
         wb, xp, op = wa + (nc % c) * k * k * 4, xa + nc * n * 4, oa + nc * n * 4
-        if k == 3:
-            if nv == 1:
-                _FL31(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
-            elif nv == 2:
-                _FL32(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
-            elif nv == 3:
-                _FL33(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
-            else:
-                _FL34(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
-        elif nv == 1:
-            _FL51(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
-        elif nv == 2:
-            _FL52(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
-        elif nv == 3:
-            _FL53(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
-        else:
-            _FL54(op, xp, wb, ma, wd, ph, pw, n, bo, reg)
+        for v0 in range(0, nv, 4):
+            _flat_block(k, min(4, nv - v0), op + v0 * 64, xp + v0 * 64, wb, ma + v0 * 4, nv * 4, wd,
+                        ph, pw, n - v0 * 16, bo, reg)
         if mode < 0 and act != 0:
             act_inplace(out.reshape(-1), nc * n, n, np.float32(0.0), act, alpha)
 

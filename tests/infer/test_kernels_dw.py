@@ -334,7 +334,8 @@ def test_dw_conv_fma(name, act):
 # small planes at stride 1 with "same" padding (kernels_fma_dw.dw_conv_fma_flat): 1-4 vectors
 FLAT = {"4x4": (2, 5, 4, 4, 3), "8x8": (1, 3, 8, 8, 3), "7x7-5x5": (2, 3, 7, 7, 5),
         "1x1": (1, 4, 1, 1, 3), "2x3-5x5": (1, 3, 2, 3, 5), "3x11": (1, 2, 3, 11, 3),
-        "16x4": (1, 2, 16, 4, 3), "1x64-5x5": (1, 2, 1, 64, 5), "5x9-5x5": (2, 2, 5, 9, 5)}
+        "16x4": (1, 2, 16, 4, 3), "1x64-5x5": (1, 2, 1, 64, 5), "5x9-5x5": (2, 2, 5, 9, 5),
+        "14x14": (1, 3, 14, 14, 3), "13x13": (2, 2, 13, 13, 3), "5x13": (1, 2, 5, 13, 3)}
 
 
 @pytest.mark.parametrize("name", FLAT)
@@ -342,8 +343,8 @@ FLAT = {"4x4": (2, 5, 4, 4, 3), "8x8": (1, 3, 8, 8, 3), "7x7-5x5": (2, 3, 7, 7, 
 def test_dw_conv_fma_flat(name, act):
     """The small planes' kernel against the naive twin, every activation in registers (tanh:
     the pass after), one part and two, with and without a bias: each tap's mask zeroes the
-    padding lanes, whatever the plane's shape (rows of 1 to 64 columns); NaN in the output
-    buffer shows a lane not written."""
+    padding lanes, whatever the plane's shape (rows of 1 to 64 columns), in blocks of 4 vectors
+    and the rest (14x14, 13x13); NaN in the output buffer shows a lane not written."""
     from pocket.infer import kernels_fma as kfma
 
     if not kfma.AVAILABLE:
@@ -375,11 +376,11 @@ def test_dw_conv_fma_flat(name, act):
 
 
 @pytest.mark.parametrize("h,w,k,flat", [(4, 4, 3, True), (7, 7, 5, True), (8, 8, 3, True),
-                                        (9, 9, 3, False), (7, 7, 3, True)])
+                                        (9, 9, 5, False), (14, 14, 3, True), (15, 15, 3, False)])
 def test_small_planes_take_the_flat_kernel(tmp_path, h, w, k, flat):
-    """On AVX-512 a depthwise conv of at most 64 outputs a plane at stride 1, "same" padding,
-    binds dw_conv_fma_flat (5x5 on 7x7 too, which the row kernels decline) and matches the
-    reference; 9x9 keeps the row kernels."""
+    """On AVX-512 a depthwise conv of at most 64 outputs a plane (196 at 3x3) at stride 1,
+    "same" padding, binds dw_conv_fma_flat (5x5 on 7x7 too, which the row kernels decline) and
+    matches the reference; 9x9 at 5x5 and 15x15 keep the row kernels."""
     from models import Builder, matches_reference
 
     from pocket.infer import kernels_fma

@@ -4,8 +4,8 @@
 sigmoid) on the sums in registers; other activations take one pass over each plane. Ahead of
 conv_depthwise (the portable padded-plane kernels), which takes every other geometry, every
 CPU without AVX-512, and the 5x5 convs this route declines (stride 2, maps of 8 columns or
-fewer: see declines). Planes of at most 64 outputs at stride 1 with "same" padding take
-kernels_fma_dw.dw_conv_fma_flat instead of the row kernels (see _flat).
+fewer: see declines). Small planes at stride 1 with "same" padding (64 outputs, 196 at 3x3)
+take kernels_fma_dw.dw_conv_fma_flat instead of the row kernels (see _flat).
 
 NOTE: against kernels_dw.dw_conv_padded on one thread (EfficientNet-B0's and MobileNetV2's
 layers, no activation): 32 x 112 x 112 3x3 0.46 -> 0.22 ms, 96 x 112 x 112 3x3/2 0.78 -> 0.42,
@@ -87,8 +87,7 @@ class ConvFmaDepthwise(Route):
 
 def _flat(geo) -> bool:
     """Whether the node takes kernels_fma_dw.dw_conv_fma_flat: a small plane at stride 1 with
-    "same" padding (NOTE: one thread, against the row kernels: 480 x 4 x 4 3x3 12.7 -> 5.0 us,
-    192 x 8 x 8 9.9 -> 5.6, 288 x 8 x 8 14.2 -> 8.7, 1152 x 7 x 7 5x5 104 -> 75, where the
-    padded plane this route declined took ~110)."""
+    "same" padding (kernels_fma_dw.FLAT_MAX; 1152 x 7 x 7 5x5 there 75 us, on the padded plane
+    this route declined ~110)."""
     return (kfd.flat_fast(geo.h, geo.w, geo.ho, geo.wo, geo.kh, geo.sh)
             and geo.ph == geo.pw == geo.kh // 2)
