@@ -19,10 +19,11 @@ def _prep_conv2d(ctx: PlanContext, node: Node) -> dict:
 
 
 def fusable_pools(ctx: PlanContext) -> dict[int, int]:
-    """{conv step: maxpool step} where the conv's only reader is an unpadded maxpool, its route
-    can pool in its epilogue and its activation is non-decreasing: the conv's epilogue then
-    writes the pooled output directly (the IR keeps both nodes; at a batch size the route may
-    still decline, see Route.pool_ok)."""
+    """{conv step: maxpool step} where the conv's only reader is an unpadded maxpool (or a
+    padded one, where the route can: Route.fuses_padded_pool), its route can pool in its
+    epilogue and its activation is non-decreasing: the conv's epilogue then writes the pooled
+    output directly (the IR keeps both nodes; at a batch size the route may still decline, see
+    Route.pool_ok)."""
     fused = {}
     for step, node in enumerate(ctx.graph.nodes):
         out, a = node.outputs[0], node.attrs
@@ -32,7 +33,8 @@ def fusable_pools(ctx: PlanContext) -> dict[int, int]:
             continue
         pool = ctx.graph.nodes[steps[0]]
         act = kf.ACT[a.get("activation", "none")]
-        if (pool.op == "maxpool2d" and list(pool.attrs["padding"]) == [0, 0]
+        if (pool.op == "maxpool2d"
+                and (list(pool.attrs["padding"]) == [0, 0] or route_of(ctx.prep[step]).fuses_padded_pool)
                 and act in kf.MONOTONE_ACTS and a.get("alpha", 0.0) >= 0):
             fused[step] = steps[0]
     return fused
@@ -45,7 +47,8 @@ def _b_conv2d(ctx: PlanContext, step: int, node: Node, n: int) -> list:
     pstep = ctx.pool_after.get(step)
     if pstep is not None:
         pnode = ctx.graph.nodes[pstep]
-        pool_geom = _pool_geom(pnode.attrs)[:4]
+        pool_geom = _pool_geom(pnode.attrs)
+        pool_geom = pool_geom[:4] if pool_geom[4:] == (0, 0) else pool_geom
         if route.pool_ok(d, n, pool_geom):
             pool = (ctx.view(pnode.outputs[0], n), pool_geom)
             ctx.skip.add(pstep)

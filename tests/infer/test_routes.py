@@ -276,3 +276,34 @@ def test_depthwise_5x5_on_small_maps_and_stride_2_takes_the_padded_plane(h, w, k
     first = next(r for r in table if r.declines(geo, "f32", cpu) is None)
     assert first.name == want
     assert routes.ROUTES["conv_fma_depthwise"].eligible(geo, "f32", cpu)
+
+
+@pytest.mark.parametrize("hw,fused", [(32, True), (30, False)])
+def test_stem_conv_fuses_a_padded_maxpool(tmp_path, hw, fused):
+    """A stride-2 conv on conv_fma_phase followed by a 3x3/2 maxpool of padding 1 (ResNet's and
+    ShuffleNet's stems): at batch 1 the AVX-512 pool reads the conv's output at its pitch (no
+    copy-out pass; the pool's -inf padding is its own); where the pool's last window would
+    reach the junk columns past Wo (15 columns: window 13..15) and at batch 2 the pool runs on
+    its own. Every way matches the reference."""
+    from models import Builder, matches_reference, save_model
+
+    from pocket.infer import kernels_fma
+    from pocket.infer.engine import Engine
+
+    if not kernels_fma.AVAILABLE:
+        pytest.skip("conv_fma_phase needs AVX-512")
+    rng = np.random.default_rng(21)
+    b = Builder((3, hw, hw), rng)
+    b.conv(3, 16, 3, stride=[2, 2], padding=[1, 1], activation="relu")
+    b.op("maxpool2d", kernel=[3, 3], stride=[2, 2], padding=[1, 1])
+    path = save_model(tmp_path / "stem.bin", b.graph(), b.params, None)
+    for n in (1, 2):
+        x = rng.standard_normal((n, 3, hw, hw)).astype(np.float32)
+        with Engine(path, max_batch=n, threads=1) as eng:
+            eng._arena.fill(255)  # NaN as float32: a read of memory no call wrote shows
+            got = eng.run(x, copy=True)
+            assert eng.routes()[0]["route"] == "conv_fma_phase"
+            names = [c.func.__name__ for c in eng._bound[n].calls]
+        pooled = "bias_act_pitch_serial" not in names and "maxpool_fma_serial" in names
+        assert pooled == (fused and n == 1), names
+        matches_reference(path, x, got, False)

@@ -126,6 +126,8 @@ class Route:
     op: ClassVar[str] = ""
     # plan level: its epilogue can write a following maxpool's output (see pool_ok)
     fuses_pool: ClassVar[bool] = False
+    # ... a padded maxpool too (pool_ok then gets its (kh, kw, sh, sw, ph, pw))
+    fuses_padded_pool: ClassVar[bool] = False
 
     def limits(self, geo, dtype: str, cpu: Cpu) -> str | None:
         """Why this route cannot run a node of this geometry and dtype here; None if it can."""
@@ -151,8 +153,10 @@ class Route:
         return self, prep
 
     def pool_ok(self, prep: dict, n: int, pool_geom: tuple) -> bool:
-        """Whether, at batch n, this route writes a fused maxpool's output (plan.pool_after)."""
-        return self.fuses_pool
+        """Whether, at batch n, this route writes a fused maxpool's output (plan.pool_after):
+        pool_geom (kh, kw, sh, sw), or with the padding (ph, pw) after them where the pool has
+        one (fuses_padded_pool routes only)."""
+        return self.fuses_pool and (len(pool_geom) == 4 or self.fuses_padded_pool)
 
     def with_pool(self, ctx: PlanContext, step: int, prep: dict, n: int, pooled: bool) -> tuple[Route, dict]:
         """The route that binds batch n once it is known whether a maxpool fuses into it."""

@@ -34,7 +34,7 @@ from pocket.infer.routes.conv_fma_cols import fma_limits
 @register
 class ConvFmaPhase(Route):
     name, op = "conv_fma_phase", "conv2d"
-    fuses_pool = True
+    fuses_pool = fuses_padded_pool = True
 
     def limits(self, geo, dtype, cpu):
         why = fma_limits(geo, dtype, cpu)
@@ -61,9 +61,27 @@ class ConvFmaPhase(Route):
         slack = max(0, int(offs.max()) // 4 + mpi - per) + 16
         chunk = max(1, min(ctx.max_batch, lc.FMA_SCRATCH_BYTES // ((per + o * mpi) * 4)))
         d.update(w2=d["w"].reshape(o, k), offs=offs, hq=hq, wq=wq, mpi=mpi, per=per, slack=slack,
-                 chunk=chunk, b_reg=register_bias(d))
+                 chunk=chunk, b_reg=register_bias(d),
+                 epi_ok=register_epi(_act_code(node.attrs), _act_alpha(node.attrs)) is not None)
         d["scratch_bytes"] = _aligned((chunk * per + slack) * 4) + _aligned(o * chunk * mpi * 4)
         return d
+
+    def pool_ok(self, d, n, pool_geom):
+        """Unpadded pools always (bias_act_pool_pitch, or the AVX-512 pool below); a padded one
+        only where the AVX-512 pool reads one image's whole planes at their pitch, its windows
+        short of the junk columns past Wo (the -inf padding is the pool's own, outside its
+        rows and columns).
+
+        NOTE: ResNet-18's and ShuffleNetV2's stems (7x7/2 and 3x3/2 convs, then a 3x3/2
+        maxpool of padding 1): the copy-out pass before the pool (bias_act_pitch, 0.30 ms of
+        ResNet-18's 22 on one thread) goes."""
+        if len(pool_geom) == 4:
+            return True
+        kh, kw, sh, sw, ph, pw = pool_geom
+        geo = d["geo"]
+        wo_pool = (geo.wo + 2 * pw - kw) // sw + 1
+        return (n == 1 and d["epi_ok"] and d["mpi"] == geo.ho * d["wq"] and kfp.fast(kw, sw)
+                and (wo_pool - 1) * sw - pw + kw - 1 < geo.wo)
 
     def bind(self, ctx, step, node, d, n, pool=None):
         a = node.attrs
@@ -91,7 +109,9 @@ class ConvFmaPhase(Route):
                 # windows never reach the junk columns: an unpadded pool stays inside Wo)
                 maps = yw.reshape(1, o, d["geo"].ho, wq)
                 parts = max(1, ctx.threads) if ctx.parallel_elements(maps.size) else 1
-                calls.append(partial(kfp.maxpool_fma, pool[start:start + 1], maps, parts, *pool_geom, 0, 0))
+                pad = pool_geom[4:] or (0, 0)
+                calls.append(partial(kfp.maxpool_fma, pool[start:start + 1], maps, parts, *pool_geom[:4],
+                                     *pad))
             else:
                 calls.append(partial(kf.bias_act_pool_pitch, pool[start:start + m], yw, wq, mpi, *pool_geom,
                                      *rest))
