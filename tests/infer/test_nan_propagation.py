@@ -31,8 +31,11 @@ CASES = {
     # a channel multiplier (C/groups == 1, O == 2C): the direct loops
     "direct": ((4, 7, 6), 2, lambda b: _conv_relu(b, 4, 8, groups=4),
                {"fma": "conv2d_direct", "blas": "conv2d_direct"}, False),
-    "depthwise": ((4, 7, 6), 2, lambda b: _conv_relu(b, 4, 4, groups=4),
+    "depthwise": ((4, 15, 14), 2, lambda b: _conv_relu(b, 4, 4, groups=4),
                   {"fma": "dw_conv_fma", "blas": "dw_conv_padded"}, False),
+    # a small plane (at most 196 outputs at 3x3): one flat run of vectors on AVX-512
+    "depthwise_small": ((4, 7, 6), 2, lambda b: _conv_relu(b, 4, 4, groups=4),
+                        {"fma": "dw_conv_fma_flat", "blas": "dw_conv_padded"}, False),
     "pointwise": ((5, 4, 6), 2, lambda b: _conv_relu(b, 5, 7, k=1), {"fma": "gemm", "blas": "bias_act"},
                   False),
     "grouped": ((4, 6, 6), 2, lambda b: _conv_relu(b, 4, 6, groups=2),
