@@ -14,6 +14,7 @@ from pocket.formats.errors import FormatError
 from pocket.formats.ir import Node
 from pocket.infer import kernels_cols as kcols
 from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fma_im2col as kfi
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_vnni as kv
@@ -128,7 +129,7 @@ def _im2col(col, xs, geom, pad, rb: int, cb: int) -> partial:
     if (sh, sw) == (1, 1) and 2 * ph == dh * (kh - 1) and 2 * pw == dw * (kw - 1):
         valid = kf.same_valid(h, w, kh, kw, ph, pw, dh, dw)
         if kfma.AVAILABLE and xs.dtype == np.float32:
-            return partial(kfma.im2col_same, col, xs, kfma.same_masks(valid), kh, kw, ph, pw, dh, dw, pad,
+            return partial(kfi.im2col_same, col, xs, kfi.same_masks(valid), kh, kw, ph, pw, dh, dw, pad,
                            rb, cb)
         return partial(kf.im2col_same, col, xs, valid, kh, kw, ph, pw, dh, dw, pad, rb, cb)
     if col.dtype == np.float32 and kcols.eligible(xs.dtype, w, sh, sw, dw):

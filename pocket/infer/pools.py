@@ -158,6 +158,7 @@ SPIN_ELEMENT_WORK = 64
 def call_work(call: partial, spinning: bool = False) -> int:
     """A bound call's work, for the serial/parallel choice (see engine._PARALLEL_WORK)."""
     from pocket.infer import kernels_fma as kfma
+    from pocket.infer import kernels_fma_linear as kfl
     from pocket.infer import kernels_fma_winograd as kfw
     from pocket.infer import kernels_fp32 as kf
     from pocket.infer import kernels_int8 as ki
@@ -182,11 +183,11 @@ def call_work(call: partial, spinning: bool = False) -> int:
     # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
     if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
-    if call.func is kfma.gemm_t:  # one GEMM of (o, K) @ (K, m)
+    if call.func is kfl.gemm_t:  # one GEMM of (o, K) @ (K, m)
         return 4 * call.args[5] * call.args[6] * call.args[4].shape[0]
     if call.func is kfma.gemm_pixels:  # one GEMM of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[3].shape[0]
-    if call.func is kfma.gemm_rows:  # the same (the transposes counted in)
+    if call.func is kfl.gemm_rows:  # the same (the transposes counted in)
         return 4 * call.args[5] * call.args[6] * call.args[4].shape[0]
     if call.func is kfma.gemm_pool2_pitch:  # the same, and the pooled epilogue
         return 4 * call.args[5] * call.args[6] * call.args[7] * call.args[4].shape[0]

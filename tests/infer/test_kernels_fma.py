@@ -15,6 +15,8 @@ import pytest
 from models import naive_im2col
 
 from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fma_im2col as kfi
+from pocket.infer import kernels_fma_linear as kfl
 from pocket.infer import kernels_fp32 as kf
 
 needs_fma = pytest.mark.skipif(not kfma.AVAILABLE, reason="this CPU has no AVX-512")
@@ -176,7 +178,7 @@ def test_gemm_t(n, o, k, bias, act, serial):
     b = RNG.standard_normal(o).astype(np.float32) if bias else NO_BIAS
     c = np.full((o, m + 8), np.nan, np.float32)
     out = np.full((n, o), np.nan, np.float32)
-    fn = kfma.gemm_t.serial if serial else kfma.gemm_t
+    fn = kfl.gemm_t.serial if serial else kfl.gemm_t
     fn(out, c, w, xt, kfma.row_offsets(k, m), o, m, k, m + 8, b, kf.ACT[act], np.float32(0.2))
     z = _naive(w, xt[:, :n]).T + (b if bias else 0)
     want = {"none": z, "relu": np.maximum(z, 0), "leaky_relu": np.where(z > 0, z, 0.2 * z),
@@ -199,9 +201,9 @@ def test_gemm_rows(n, o, k, epi, parts, serial):
     w = RNG.standard_normal((o, k)).astype(np.float32)
     b = RNG.standard_normal(o).astype(np.float32) if epi else NO_BIAS
     m = kfma.tile_cols(n)
-    xts = np.full((parts, kfma.rows_block(m, k), m), np.nan, np.float32)
+    xts = np.full((parts, kfl.rows_block(m, k), m), np.nan, np.float32)
     c = np.full((o, m + 8), 7.0, np.float32)
-    fn = kfma.gemm_rows.serial if serial else kfma.gemm_rows
+    fn = kfl.gemm_rows.serial if serial else kfl.gemm_rows
     fn(c, w, x, xts, kfma.row_offsets(k, m), o, m, m + 8, b, epi)
     want = _naive(w, x.T) + (b[:, None] if epi else 0)
     np.testing.assert_allclose(c[:, :n], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
@@ -362,7 +364,7 @@ def test_transpose_in(n, k, parts, serial):
     register blocks, then the ragged rows and columns, in one or more groups of columns."""
     x = RNG.standard_normal((n, k)).astype(np.float32)
     xt = np.full((k, kfma.tile_cols(n)), np.nan, np.float32)
-    (kfma.transpose_in.serial if serial else kfma.transpose_in)(xt, x, parts)
+    (kfl.transpose_in.serial if serial else kfl.transpose_in)(xt, x, parts)
     assert np.array_equal(xt[:, :n], x.T) and not xt[:, n:].any()
 
 
@@ -372,7 +374,7 @@ def test_transpose_in(n, k, parts, serial):
 @pytest.mark.parametrize("hw", [(4, 4), (8, 8), (3, 7), (1, 5), (9, 13), (32, 32)])
 @pytest.mark.parametrize("n", [1, 3])
 def test_im2col_same_vector(geom, hw, n):
-    """kfma.im2col_same (a masked load and store per 16 pixels) equals a naive im2col from a
+    """kfi.im2col_same (a masked load and store per 16 pixels) equals a naive im2col from a
     padded copy in both layouts (rows K with the images side by side; rows b*K + k), with a
     pad of 0 and of -7, never writing past a row's pixels nor reading outside the images
     (which sit between NaNs)."""
@@ -381,16 +383,16 @@ def test_im2col_same_vector(geom, hw, n):
     buf = np.full(n * c * h * w + 64, np.nan, np.float32)
     x = buf[32:32 + n * c * h * w].reshape(n, c, h, w)
     x[:] = RNG.standard_normal(x.shape)
-    masks = kfma.same_masks(kf.same_valid(h, w, kh, kw, ph, pw, dh, dw))
+    masks = kfi.same_masks(kf.same_valid(h, w, kh, kw, ph, pw, dh, dw))
     k, p = c * kh * kw, h * w
     for pad in (0.0, -7.0):
         want = naive_im2col(x, kh, kw, ph, pw, dh, dw, pad)
         wide = np.full((k, n * p + 5), 9.0, np.float32)
-        kfma.im2col_same(wide, x, masks, kh, kw, ph, pw, dh, dw, np.float32(pad), 0, p)
+        kfi.im2col_same(wide, x, masks, kh, kw, ph, pw, dh, dw, np.float32(pad), 0, p)
         assert np.array_equal(wide[:, :n * p], want.transpose(1, 0, 2).reshape(k, n * p))
         assert np.all(wide[:, n * p:] == 9.0)
         per = np.full((n * k, p), np.nan, np.float32)
-        kfma.im2col_same.serial(per, x, masks, kh, kw, ph, pw, dh, dw, np.float32(pad), k, 0)
+        kfi.im2col_same.serial(per, x, masks, kh, kw, ph, pw, dh, dw, np.float32(pad), k, 0)
         assert np.array_equal(per, want.reshape(n * k, p))
 
 

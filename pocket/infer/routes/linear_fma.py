@@ -12,6 +12,7 @@ import numba
 import numpy as np
 
 from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fma_linear as kfl
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer.lowering_common import (
     _EMPTY_F32,
@@ -35,7 +36,7 @@ FMA_LINEAR_ROWS = 16
 # 128 x 256 weights: 22 -> 18-19 us; 256 x 784: 85 -> 115 us.
 PIXEL_SPLIT_WEIGHTS = 1 << 16
 # A linear from rows (not chained) on up to ROWS_COPIES threads transposes its input a block
-# of K at a time in each thread, for its own channels (kernels_fma.gemm_rows): its scratch
+# of K at a time in each thread, for its own channels (kernels_fma_linear.gemm_rows): its scratch
 # holds that many blocks. On one thread too: each block then goes from x in L2 to L1 and is
 # read there, where transpose_in wrote all of x.T to L2 first (mlp fp32 at batch 64, its
 # first linear: 160.5 -> ~156.5 us)
@@ -57,7 +58,7 @@ class LinearFma(Route):
         o, k = d["wf"].shape
         cols = kfma.tile_cols(ctx.max_batch)
         d["copies"] = min(ROWS_COPIES, numba.config.NUMBA_NUM_THREADS)
-        d["rows_at"] = _aligned(max(k, d["copies"] * kfma.rows_block(cols, k)) * cols * 4)
+        d["rows_at"] = _aligned(max(k, d["copies"] * kfl.rows_block(cols, k)) * cols * 4)
         d["scratch_bytes"] = d["rows_at"] + _aligned(o * (cols + _LINEAR_SKEW) * 4)
         return d
 
@@ -72,18 +73,18 @@ class LinearFma(Route):
         cols = kfma.tile_cols(n)
         parts = min(ctx.threads, -(-cols // kfma.TILE_P))
         offs = kfma.row_offsets(k, cols)
-        calls, own = [], None  # own: a copy of x.T for each thread (kernels_fma.gemm_rows)
+        calls, own = [], None  # own: a copy of x.T for each thread (kernels_fma_linear.gemm_rows)
         if chained_input(ctx, step, n):  # the previous linear left x.T here
             xt = ctx.packed(node.inputs[0], np.float32, (k, cols))
         elif ctx.threads == 1 or (ctx.threads <= d["copies"] and ctx.parallel(4 * o * cols * k)):
-            own = ctx.scratch(step, np.float32, (ctx.threads, kfma.rows_block(cols, k), cols))
+            own = ctx.scratch(step, np.float32, (ctx.threads, kfl.rows_block(cols, k), cols))
         else:
             xt = ctx.scratch(step, np.float32, (k, cols))
-            calls.append(partial(kfma.transpose_in, xt, x.reshape(n, k), parts))
+            calls.append(partial(kfl.transpose_in, xt, x.reshape(n, k), parts))
 
         def gemm(c, ldc, b, epi):
             if own is not None:
-                return partial(kfma.gemm_rows, c, w, x.reshape(n, k), own, offs, o, cols, ldc, b, epi)
+                return partial(kfl.gemm_rows, c, w, x.reshape(n, k), own, offs, o, cols, ldc, b, epi)
             if parts > 1 and o * k <= PIXEL_SPLIT_WEIGHTS:
                 return partial(kfma.gemm_pixels, c, w, xt, offs, o, cols, k, ldc, b, epi, parts)
             return partial(kfma.gemm, c, w, xt, offs, 1, o, cols, 0, 0, k, 0, ldc, b, epi)
@@ -103,6 +104,6 @@ class LinearFma(Route):
         c = ctx.scratch(step, np.float32, (o, ldc), d["rows_at"])
         g = gemm(c, ldc, _EMPTY_F32, 0)
         if g.func is kfma.gemm:  # the GEMM and its epilogue in one call
-            return [*calls, partial(kfma.gemm_t, y, c, w, xt, offs, o, cols, k, ldc, d["b"],
+            return [*calls, partial(kfl.gemm_t, y, c, w, xt, offs, o, cols, k, ldc, d["b"],
                                     _act_code(a), _act_alpha(a))]
-        return [*calls, g, partial(kfma.bias_act_t, y, c, d["b"], _act_code(a), _act_alpha(a))]
+        return [*calls, g, partial(kfl.bias_act_t, y, c, d["b"], _act_code(a), _act_alpha(a))]
