@@ -447,3 +447,26 @@ def test_tile_exp_activations_within_4_ulp(epi, name):
     ok = np.isfinite(want)
     ulp = np.spacing(np.abs(want[ok])).astype(np.float64)
     assert np.all(np.abs(out[ok] - exact[ok]) <= 4 * ulp + 1e-36), name
+
+
+@pytest.mark.parametrize("n,c,h,w,ph,pw", [(1, 3, 224, 224, 1, 1), (2, 2, 9, 7, 1, 1), (1, 3, 12, 33, 3, 3),
+                                           (1, 2, 5, 64, 0, 0), (1, 1, 6, 65, 2, 1), (2, 1, 3, 1, 1, 2),
+                                           (1, 2, 8, 31, 0, 3)])
+def test_pad_phases_equals_numpy(n, c, h, w, ph, pw):
+    """kernels_phase.pad_phases (rows split into even and odd columns by vector shuffles)
+    against NumPy: each plane zero-padded and cut into its four phases, (row phase, column
+    phase) planes of Hq x Wq in order, zeros after the last plane; a NaN-filled buffer shows an
+    element not written, odd and even widths and paddings the row tails."""
+    from pocket.infer import kernels_phase as kq
+
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    hq, wq = kq.phase_shape(h, w, ph, pw)
+    xp = np.zeros((n, c, 2 * hq, 2 * wq), np.float32)
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    want = np.stack([xp[:, :, a::2, b::2] for a in (0, 1) for b in (0, 1)], axis=2).reshape(-1)
+    xq = np.full(want.size + 37, np.nan, np.float32)
+    for fn in (kq.pad_phases, kq.pad_phases.serial):
+        xq[:] = np.nan
+        fn(xq, x, ph, pw, hq, wq)
+        np.testing.assert_array_equal(xq[:want.size], want)
+        assert not xq[want.size:].any()
