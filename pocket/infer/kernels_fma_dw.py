@@ -237,8 +237,9 @@ def _part(out, x, w, b, scratch, lo, hi, sh, ph, pw, mode, act, alpha):
 #
 # A plane of at most FLAT_MAX outputs (FLAT_MAX_3 for 3x3) at stride 1 with "same" padding
 # (Ho, Wo = H, W): its outputs t = oh * W + ow and inputs share one flat index, tap (i, j)
-# reading input t + (i - ph) * W + (j - pw); so each tap is one masked load a vector of 16
-# outputs, the mask (flat_masks, made at load) zeroing the lanes whose input is padding. Row by
+# reading input t + (i - ph) * W + (j - pw) (kernels_fp32.im2col_same's indexing); so each tap
+# is one masked load a vector of 16 outputs, the mask (kernels_fma_im2col.same_masks of
+# kernels_fp32.same_valid, made at load) zeroing the lanes whose input is padding. Row by
 # row, a 4x4 plane left 12 of 16 lanes idle, each input row loaded again for each column shift,
 # and the setup of a row call (its row addresses) cost more than the sums.
 # NOTE: one thread, against the row kernels: 480 x 4 x 4 3x3 12.7 -> 5.0 us, 192 x 8 x 8 9.9 ->
@@ -255,26 +256,11 @@ def flat_fast(h: int, w: int, ho: int, wo: int, kh: int, sh: int) -> bool:
             and h * w <= (FLAT_MAX_3 if kh == 3 else FLAT_MAX))
 
 
-def flat_masks(h: int, w: int, k: int, ph: int, pw: int) -> np.ndarray:
-    """(k*k, nv) int32: bit l of [tap, v] set where output 16v + l exists and its tap's input
-    (row oh + i - ph, column ow + j - pw) lies inside the plane."""
-    nv = -(-h * w // 16)
-    t = np.arange(nv * 16)
-    oh, ow = t // w, t % w
-    out = np.zeros((k * k, nv), np.int64)
-    for i in range(k):
-        for j in range(k):
-            ok = (t < h * w) & (oh + i - ph >= 0) & (oh + i - ph < h) & (ow + j - pw >= 0) & (ow + j - pw < w)
-            bits = (ok.reshape(nv, 16) << np.arange(16)).sum(axis=1)
-            out[i * k + j] = bits
-    return out.astype(np.int32)
-
-
 def _make_flat(k: int, nv: int):
     """nv vectors (16 outputs each) of one plane's flat run (see FLAT_MAX): o, x (the addresses
     of the block's first output and of the input at the same flat index), w (the channel's k*k
-    taps), masks (the block's first mask of tap 0 in flat_masks: int32, ms bytes from one tap
-    to the next), wd (W), ph, pw, n (the outputs from the block's first on), bias (f32), mode.
+    taps), masks (the block's first mask of tap 0 in same_masks' int64 bits, ms bytes from one
+    tap to the next), wd (W), ph, pw, n (the outputs from the block's first on), bias (f32), mode.
     Each vector's sum in two chains (the taps' even and odd columns, as the row kernels), the
     activation (kernels_fma's tile modes) in registers, one masked store a vector."""
 
@@ -294,7 +280,7 @@ def _make_flat(k: int, nv: int):
                                                   align=4), _VF)
                 mt = builder.add(masks, builder.mul(ms, _const(t)))
                 for v in range(nv):
-                    bits = builder.load(_ptr(builder, builder.add(mt, _const(4 * v)), _I32), align=4)
+                    bits = builder.load(_ptr(builder, builder.add(mt, _const(8 * v)), _I64), align=8)
                     msk = builder.bitcast(builder.trunc(bits, ir.IntType(16)), _VB)
                     val = ld(builder.add(x, builder.add(off, _const(64 * v))), msk)
                     acc[v][j & 1] = builder.call(fma, [wt, val, acc[v][j & 1]])
@@ -324,8 +310,9 @@ _FL51, _FL52, _FL53, _FL54 = _FLAT5
 
 @kernel
 def dw_conv_fma_flat(out, x, w, b, masks, parts, ph, pw, mode, act, alpha):
-    """dw_conv_fma (same arguments but scratch) for flat_fast's small planes: masks from
-    flat_masks(H, W, k, ph, pw), `parts` runs of the N*C planes for the threads."""
+    """dw_conv_fma (same arguments but scratch) for flat_fast's small planes: masks =
+    kernels_fma_im2col.same_masks(kernels_fp32.same_valid(H, W, k, k, ph, pw, 1, 1)), `parts`
+    runs of the N*C planes for the threads."""
     for part in prange(parts):
         lo, hi = _parts(x.shape[0] * x.shape[1], parts, part)
         _flat_part(out, x, w, b, masks, lo, hi, ph, pw, mode, act, alpha)
@@ -366,7 +353,7 @@ def _flat_part(out, x, w, b, masks, lo, hi, ph, pw, mode, act, alpha):
         bo = b[nc % c] if has_bias else np.float32(0.0)
         wb, xp, op = wa + (nc % c) * k * k * 4, xa + nc * n * 4, oa + nc * n * 4
         for v0 in range(0, nv, 4):
-            _flat_block(k, min(4, nv - v0), op + v0 * 64, xp + v0 * 64, wb, ma + v0 * 4, nv * 4, wd,
+            _flat_block(k, min(4, nv - v0), op + v0 * 64, xp + v0 * 64, wb, ma + v0 * 8, nv * 8, wd,
                         ph, pw, n - v0 * 16, bo, reg)
         if mode < 0 and act != 0:
             act_inplace(out.reshape(-1), nc * n, n, np.float32(0.0), act, alpha)

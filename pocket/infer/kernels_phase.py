@@ -12,15 +12,12 @@ consecutive rows of K read the same cache lines shifted by a float.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
+from pocket.infer.kernels_fma_dw import _VF, EVEN, ODD
 from pocket.infer.kernels_vnni import _const, _lanes_below, _loop, _masked_io
-
-_VF, _VI = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(32), 16)
-_EVEN, _ODD = ir.Constant(_VI, list(range(0, 32, 2))), ir.Constant(_VI, list(range(1, 32, 2)))
 
 
 @intrinsic
@@ -42,9 +39,9 @@ def _split_row(typingctx, de, do, src, cnt):
             a = ld(at, _lanes_below(builder, rest))
             b = ld(builder.add(at, _const(64)), _lanes_below(builder, builder.sub(rest, _const(16))))
             out = builder.mul(i, _const(64))
-            st(builder.shuffle_vector(a, b, _EVEN), builder.add(de, out),
+            st(builder.shuffle_vector(a, b, EVEN), builder.add(de, out),
                _lanes_below(builder, builder.ashr(builder.add(rest, _const(1)), _const(1))))
-            st(builder.shuffle_vector(a, b, _ODD), builder.add(do, out),
+            st(builder.shuffle_vector(a, b, ODD), builder.add(do, out),
                _lanes_below(builder, builder.ashr(rest, _const(1))))
             return []
 

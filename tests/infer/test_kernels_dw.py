@@ -362,7 +362,9 @@ def test_dw_conv_fma_flat(name, act):
     mode = {"relu6": kfma.MODE_RELU6, "silu": kfma.MODE_SILU,
             "hardswish": kfma.MODE_HSWISH}.get(act, mode)
     code = kf.ACT["clip"] if act == "relu6" else kf.ACT[act]
-    masks = kfd.flat_masks(h, wd, k, *p)
+    from pocket.infer import kernels_fma_im2col as kfi
+
+    masks = kfi.same_masks(kf.same_valid(h, wd, k, k, *p, 1, 1))
     y = naive_dw(x, w, s, p, d, 0.0) + b.reshape(1, -1, 1, 1)
     twin = f(y)
     bound = 1.5 * _f32_bound(x, w, b, s, p, d) + 4 * np.spacing(np.abs(twin).astype(np.float32))

@@ -19,6 +19,8 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_fma_dw as kfd
+from pocket.infer import kernels_fma_im2col as kfi
+from pocket.infer import kernels_fp32 as kf
 from pocket.infer.lowering_common import _act_alpha, _act_code, register_epi
 from pocket.infer.routes.base import Route, conv_prep, register
 from pocket.infer.routes.conv_depthwise import depthwise_limit, plane_parts
@@ -62,7 +64,7 @@ class ConvFmaDepthwise(Route):
         d = conv_prep(ctx, node, self.name)
         geo = d["geo"]
         if _flat(geo):
-            d["masks"] = kfd.flat_masks(geo.h, geo.w, geo.kh, geo.ph, geo.pw)
+            d["masks"] = kfi.same_masks(kf.same_valid(geo.h, geo.w, geo.kh, geo.kw, geo.ph, geo.pw, 1, 1))
             d["scratch_bytes"] = 0
             return d
         d["row"] = kfd.scratch_size(geo.w, geo.wo)
