@@ -158,6 +158,7 @@ SPIN_ELEMENT_WORK = 64
 def call_work(call: partial, spinning: bool = False) -> int:
     """A bound call's work, for the serial/parallel choice (see engine._PARALLEL_WORK)."""
     from pocket.infer import kernels_fma as kfma
+    from pocket.infer import kernels_fma_cv as kcv
     from pocket.infer import kernels_fma_linear as kfl
     from pocket.infer import kernels_fma_winograd as kfw
     from pocket.infer import kernels_fp32 as kf
@@ -185,6 +186,8 @@ def call_work(call: partial, spinning: bool = False) -> int:
         return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
     if call.func is kfl.gemm_t:  # one GEMM of (o, K) @ (K, m)
         return 4 * call.args[5] * call.args[6] * call.args[4].shape[0]
+    if call.func is kcv.gemm_cv:  # nb GEMMs of (o, K) @ (K, m), W packed (vectors, K, 16)
+        return 4 * call.args[3] * call.args[4] * call.args[5] * call.args[1].shape[1]
     if call.func is kfma.gemm_pixels:  # one GEMM of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[3].shape[0]
     if call.func is kfl.gemm_rows:  # the same (the transposes counted in)

@@ -4,7 +4,9 @@ NCHW output with the bias and the activation (ReLU, relu6, SiLU, sigmoid) in reg
 activations take one pass over the output, in place. The last pixels of an image (H*W not a
 multiple of 16) run masked. On a 1x1 map (a squeeze-and-excitation conv after its pool) at
 a small batch it is a linear's rows: dot products (kernels_fma.gemv), not a GEMM that fills one
-lane in 16.
+lane in 16. Where a map's pixels fill vectors of 16 badly (7x7: 49 of 64 lanes) and the
+channels fill them better, the GEMM runs vectorized along the channels instead
+(kernels_fma_cv.gemm_cv, its weights packed once at load).
 
 NOTE: conv_fma_pitch, before this, copied each image into its padded scratch and the result
 out of its own (pad_images + bias_act_pitch): on SqueezeNet's and EfficientNet-B0's 1x1 convs
@@ -15,7 +17,10 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
+
 from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fma_cv as kcv
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer.lowering_common import (
     _EMPTY_F32,
@@ -25,7 +30,7 @@ from pocket.infer.lowering_common import (
     register_bias,
     register_epi,
 )
-from pocket.infer.routes.base import Route, conv_prep, register
+from pocket.infer.routes.base import Route, conv_prep, prepared, register
 from pocket.infer.routes.conv_fma_cols import fma_limits
 from pocket.infer.routes.linear_fma import FMA_LINEAR_ROWS
 
@@ -45,6 +50,11 @@ class ConvFma1x1(Route):
         d["offs"] = kfma.row_offsets(d["k"], d["p"])
         # the register epilogue adds a bias: zeros where the conv has none
         d["b_reg"] = register_bias(d)
+        parts = max(1, ctx.threads)
+        if kcv.pays(d["o"], d["k"], d["p"], parts):
+            d["cv_parts"] = parts
+            d["cv_split"] = kcv.cv_split(d["o"], d["p"], parts)
+            d["scratch_bytes"] = parts * kcv.scratch_floats(d["p"], d["cv_split"][0]) * 4
         return d
 
     def bind(self, ctx, step, node, d, n, pool=None):
@@ -60,8 +70,16 @@ class ConvFma1x1(Route):
             return [partial(kfma.gemv, y2, x2, d["w2"], _EMPTY_F32, 0),
                     partial(kf.bias_act_rows, y2, y2, d["b"], act, alpha)]
         epi = register_epi(act, alpha)
-        calls = [partial(kfma.gemm, y.reshape(n, o, p), d["w2"], x.reshape(n, k, p), d["offs"], n, o, p,
-                         k * p, 0, k, o * p, p, d["b_reg"], 1 if epi is None else epi)]
+        if "cv_parts" in d:
+            wp = prepared(d, "wp", lambda: kcv.pack(d["w2"]))
+            bp = prepared(d, "bp", lambda: kcv.pad_bias(d["b_reg"], o))
+            groups, splits = d["cv_split"]
+            scratch = ctx.scratch(step, np.float32, (d["cv_parts"], kcv.scratch_floats(p, groups)))
+            calls = [partial(kcv.gemm_cv, y.reshape(n, o, p), wp, x.reshape(n, k, p), n, o, p, bp,
+                             1 if epi is None else epi, groups, splits, scratch)]
+        else:
+            calls = [partial(kfma.gemm, y.reshape(n, o, p), d["w2"], x.reshape(n, k, p), d["offs"], n,
+                             o, p, k * p, 0, k, o * p, p, d["b_reg"], 1 if epi is None else epi)]
         if epi is None:  # an activation the GEMM's registers do not do: one pass, in place
             flat = y.reshape(-1)
             calls.append(partial(kf.unary, flat, flat, act, alpha))
