@@ -159,6 +159,7 @@ def call_work(call: partial, spinning: bool = False) -> int:
     """A bound call's work, for the serial/parallel choice (see engine._PARALLEL_WORK)."""
     from pocket.infer import kernels_fma as kfma
     from pocket.infer import kernels_fma_cv as kcv
+    from pocket.infer import kernels_fma_dw as kfd
     from pocket.infer import kernels_fma_linear as kfl
     from pocket.infer import kernels_fma_winograd as kfw
     from pocket.infer import kernels_fp32 as kf
@@ -197,11 +198,15 @@ def call_work(call: partial, spinning: bool = False) -> int:
     if call.func is kfw.fused_conv:  # its 16 GEMMs of (O, C) @ (C, tiles), as kfma.gemm's
         out, x, _, _, _, _, _, th, tw = call.args[:9]
         return 4 * 16 * out.shape[1] * x.shape[1] * x.shape[0] * th * tw
-    if call.func is kfma.gemv:  # memory-bound: two cores read the weights twice as fast
-        return 16 * call.args[0].size * call.args[1].shape[1]
+    # NOTE: memory-bound: two cores read the weights twice as fast (counted 16x, MobileNetV3's
+    # SE convs, 144 x 576 and 576 x 144, ran 9.5 us each on one thread where two took 7)
+    if call.func is kfma.gemv:
+        return 32 * call.args[0].size * call.args[1].shape[1]
     if call.func is kv.gemm_rows:
         return call.args[0].size * call.args[2].shape[1] // 4
     size = max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)
+    if call.func is kfd.dw_conv_fma or call.func is kfd.dw_conv_fma_flat:  # w (C, 1, kh, kw)
+        return depthwise_work(size, call.args[2][0].size, spinning)
     # NOTE: im2col pays a row's bookkeeping every few elements on small maps (~1 ns an
     # element on 4x4 maps): counted 4x (cnn_cifar fp32 batch 1, 2 threads: 43 -> 19 us a call)
     if call.func is kf.im2col or call.func is kf.im2col_same:
@@ -213,6 +218,15 @@ def call_work(call: partial, spinning: bool = False) -> int:
     if call.func is ki.quantize:
         return 16 * size
     return element_work(size, spinning)
+
+
+def depthwise_work(size: int, taps: int, spinning: bool) -> int:
+    """element_work of an AVX-512 depthwise conv (kernels_fma_dw) of `taps` taps a plane: a
+    3x3 counts as an element-wise kernel, a 5x5 25/9 of one.
+
+    NOTE: counted as 3x3s, MobileNetV3-small's 5x5 convs ran on one thread: 120 x 14 x 14 27
+    us where two threads took 20, 576 x 7 x 7 (the flat kernel) 43 -> 25."""
+    return element_work(size * taps // 9, spinning)
 
 
 def element_work(size: int, spinning: bool) -> int:

@@ -526,3 +526,31 @@ def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
         assert serial != spinning, c.func.__name__  # 16 vs 64 per element around the threshold
         assert _parts(c) == (1 if serial else 2), c.func.__name__
     assert engine_mod._PARALLEL_WORK // 64 <= 96 * 32 * 32 < engine_mod._PARALLEL_WORK // 16
+
+
+@pytest.mark.parametrize("k,h,parallel", [(5, 14, True), (3, 14, False), (5, 7, True), (5, 6, False)])
+def test_5x5_counts_its_taps(tmp_path, monkeypatch, k, h, parallel):
+    """On AVX-512 a 5x5 depthwise conv counts 25/9 of a 3x3's work (pools.depthwise_work):
+    64 planes of 14x14 (12,544 outputs, under the 3x3 threshold) run on the pool in one part
+    a thread, the row kernels and the flat one (7x7) alike; the same planes at 3x3, and 5x5 on
+    6x6, stay on the calling thread in one part."""
+    from models import Builder, two_thread_calls
+
+    from pocket.infer import engine as engine_mod
+    from pocket.infer import kernels_fma, pools
+
+    if not kernels_fma.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512")
+    monkeypatch.setattr(pools, "spin_policy", lambda graph, sample, threads: (True, False))
+    c = 64 if h == 14 else 256
+    rng = np.random.default_rng(10)
+    b = Builder((c, h, h), rng)
+    b.conv(c, c, k, groups=c, padding=[k // 2, k // 2], activation="silu")
+    _, calls = two_thread_calls(tmp_path / "dw.bin", b, rng, (c, h, h), False,
+                                lambda name: "dw_conv" in name)
+    assert len(calls) == 1
+    name = calls[0].func.__name__
+    assert name.startswith("dw_conv_fma_flat" if h < 14 else "dw_conv_fma"), name
+    assert name.endswith("_serial") != parallel, name
+    assert _parts(calls[0]) == (2 if parallel else 1), name
+    assert c * h * h < engine_mod._PARALLEL_WORK // 64

@@ -39,11 +39,12 @@ def padded_prep(ctx, d: dict, sizes: tuple[int, ...]) -> None:
     d["scratch_bytes"] = at
 
 
-def plane_parts(ctx, geo, n: int) -> int:
+def plane_parts(ctx, geo, n: int, taps: int = 9) -> int:
     """The parts a depthwise call splits its n * C planes into: one a thread, or one when the
-    call runs serially (too little work for the pool)."""
+    call runs serially (too little work for the pool; `taps`: the AVX-512 kernels' measure,
+    pools.depthwise_work)."""
     planes = n * geo.c
-    if not ctx.parallel_elements(planes * max(geo.h * geo.w, geo.ho * geo.wo)):
+    if not ctx.parallel_elements(planes * max(geo.h * geo.w, geo.ho * geo.wo) * taps // 9):
         return 1
     return min(ctx.threads, planes)
 

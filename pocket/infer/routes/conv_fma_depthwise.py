@@ -77,7 +77,7 @@ class ConvFmaDepthwise(Route):
         act, alpha = _act_code(a), _act_alpha(a)
         epi = register_epi(act, alpha)
         kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
-        parts = plane_parts(ctx, d["geo"], n)
+        parts = plane_parts(ctx, d["geo"], n, d["geo"].kh * d["geo"].kw)
         mode = -1 if epi is None else epi - 1
         if "masks" in d:
             return [partial(kfd.dw_conv_fma_flat, y, x, d["w"], d["b"], d["masks"], parts, ph, pw,
