@@ -42,7 +42,7 @@ _SCRATCH_ROWS = 48
 _F32 = ir.FloatType()
 
 
-def _make_cv_tile(nv: int, npx: int):
+def _make_cv_tile(nv: int, npx: int, full: bool = False):
     """t[j, 16v:16v+16] (+)= sum over k < nk of x[k*ldx + j] * (vector v of wp's row k) for
     j < npx, v < nv.
 
@@ -63,10 +63,13 @@ def _make_cv_tile(nv: int, npx: int):
             w_at = [builder.add(wp, builder.mul(ldv, _const(v))) for v in range(nv)]
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                                  "llvm.fma.v16f32")
-            last = builder.sub(cnt, _const(1))
-            x_at = [builder.add(x, builder.mul(builder.select(
-                builder.icmp_signed("<", _const(j), cnt), _const(j), last), _const(4)))
-                for j in range(npx)]
+            if full:  # one pointer, the pixels at fixed offsets (folded into the broadcasts)
+                x_at = [builder.add(x, _const(4 * j)) for j in range(npx)]
+            else:
+                last = builder.sub(cnt, _const(1))
+                x_at = [builder.add(x, builder.mul(builder.select(
+                    builder.icmp_signed("<", _const(j), cnt), _const(j), last), _const(4)))
+                    for j in range(npx)]
             t_at = [[builder.add(t, _const(256 * j + 64 * v)) for v in range(nv)] for j in range(npx)]
             start = builder.icmp_signed("!=", acc, _const(0))
             init = [builder.select(start, builder.load(_ptr(builder, a, _VF), align=4),
@@ -109,6 +112,31 @@ def _make_cv_tile(nv: int, npx: int):
 
 _cv4, _cv3 = _make_cv_tile(4, CV_P), _make_cv_tile(3, CV_P)
 _cv2, _cv1 = _make_cv_tile(2, 2 * CV_P), _make_cv_tile(1, 2 * CV_P)
+# the same for a whole tile (cnt = npx): the clamped pixels cost a pointer each per step (12
+# increments beside 12 multiply-adds in _cv1)
+_cv4f, _cv3f = _make_cv_tile(4, CV_P, True), _make_cv_tile(3, CV_P, True)
+_cv2f, _cv1f = _make_cv_tile(2, 2 * CV_P, True), _make_cv_tile(1, 2 * CV_P, True)
+
+
+@njit(cache=True, inline="always")
+def _cv_tile(nv, full, args):
+    if full:
+        if nv == 4:
+            _cv4f(*args)
+        elif nv == 3:
+            _cv3f(*args)
+        elif nv == 2:
+            _cv2f(*args)
+        else:
+            _cv1f(*args)
+    elif nv == 4:
+        _cv4(*args)
+    elif nv == 3:
+        _cv3(*args)
+    elif nv == 2:
+        _cv2(*args)
+    else:
+        _cv1(*args)
 
 
 def _make_out16():
@@ -261,14 +289,7 @@ def _cv_task(t, c, wp, x, o, m, bp, epi, groups, splits, ta):
             for q in range(0, mp, npx):
                 args = (wk, ldv, np.int64(64), xk + q * 4, np.int64(m * 4), np.int64(nk),
                         ta + q * (CV_O * 4), acc, np.int64(min(npx, mp - q)), bias, mode)
-                if nv == 4:
-                    _cv4(*args)
-                elif nv == 3:
-                    _cv3(*args)
-                elif nv == 2:
-                    _cv2(*args)
-                else:
-                    _cv1(*args)
+                _cv_tile(nv, mp - q >= npx, args)
         ca = np.int64(c.ctypes.data) + (item * o * m + b0 * 16 * m + p0) * 4
         for q in range(0, mp, 16):
             for v in range(nv):
