@@ -122,12 +122,7 @@ def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False, partial: bool = 
             xa = builder.add(x, off)
             xs = [load(builder.add(xa, _const(64 * v)), v) for v in range(nv)]
             k4 = builder.mul(i, _const(4))
-            out = []
-            for r in range(nr):
-                s = builder.load(_ptr(builder, builder.add(w_at[r], k4), _F32), align=4)
-                wb = _splat(builder, s, _VF)
-                out += [builder.call(fma, [wb, xs[v], accs[r * nv + v]]) for v in range(nv)]
-            return out
+            return _broadcast_fmas(builder, fma, [builder.add(a, k4) for a in w_at], xs, accs)
 
         final = _loop(builder, nk, init, step)
 
@@ -142,11 +137,7 @@ def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False, partial: bool = 
                             val = act(builder, builder.fadd(val, _splat(builder, bo, _VF)))
                         store(val, c_at[r][v], v)
 
-        with builder.if_else(builder.icmp_signed("!=", bias, _const(0))) as (then, otherwise):
-            with then:
-                _by_mode(builder, relu, store_all)
-            with otherwise:
-                store_all(None)
+        _with_epilogue(builder, bias, relu, store_all)
         return context.get_dummy_value()
 
     if masked or partial:
@@ -176,6 +167,26 @@ _wide_part = _make_tile(4, WIDE_O, partial=True)  # a GEMM's last 49..63 pixels
 # tail of 8, 12.5 cycles a step where one 6 x 48 tile takes 9)
 _wide3_part = _make_tile(3, WIDE_O, partial=True)
 _tile6, _half6, _tail6 = _make_tile(2, WIDE_O), _make_tile(1, WIDE_O), _make_tile(1, WIDE_O, masked=True)
+
+
+def _broadcast_fmas(builder, fma, addrs, vecs, accs):
+    """The tiles' step: for each float32 at addrs[i], broadcast, its multiply-adds with every
+    vector of vecs into accs[i * len(vecs) + v] (the new accumulators, in that order)."""
+    out = []
+    for i, a in enumerate(addrs):
+        b = _splat(builder, builder.load(_ptr(builder, a, _F32), align=4), _VF)
+        out += [builder.call(fma, [b, v, accs[i * len(vecs) + j]]) for j, v in enumerate(vecs)]
+    return out
+
+
+def _with_epilogue(builder, bias, mode, store_all):
+    """store_all(act) where bias != 0 (act: the activation `mode`, see _by_mode), else
+    store_all(None): the plain sums."""
+    with builder.if_else(builder.icmp_signed("!=", bias, _const(0))) as (then, otherwise):
+        with then:
+            _by_mode(builder, mode, store_all)
+        with otherwise:
+            store_all(None)
 
 
 def _shuffle(builder, a, b, idx):

@@ -3,14 +3,15 @@ channels: C (o, m) = W (o, k) @ X (k, m) where m, a map's pixels, fills pixel ve
 
 kernels_fma.gemm broadcasts weights against vectors of 16 pixels: a 7x7 map's 49 pixels fill
 49 of its 64 lanes, and its weights, read a row per channel, come from L3 in as many streams
-as the tile has channels. Here a tile keeps CV_V vectors of 16 output channels x CV_P pixels
-(24 accumulators) and, per step along K, loads CV_V vectors of weights and broadcasts one
-input per pixel. The weights are packed once, at load (`pack`), in blocks of CV_O channels,
-each block's K rows contiguous (one stream, which the prefetchers follow); every lane is a
-channel, so only a conv's last block, where o is not a multiple of 16, idles lanes.
+as the tile has channels. Here a tile keeps up to CV_V vectors of 16 output channels x CV_P
+pixels (24 accumulators) and, per step along K, loads its vectors of weights and broadcasts
+one input per pixel. The weights are packed once, at load (`pack`), a vector of 16 channels
+at a time, each vector's K rows contiguous (one stream each, which the prefetchers follow);
+every lane is a channel, so only a conv's last vector, where o is not a multiple of 16,
+idles lanes. A part's channels run in blocks of at most CV_V vectors, as even as they go.
 
-Per block the tiles write their sums a pixel at a time into a scratch of the block's pixels
-x CV_O channels (K is taken in chunks of CV_K rows, so that the chunk's weights stay in L1
+Per block the tiles write their sums a pixel at a time into a scratch of the part's pixels x
+CV_O channels (K is taken in chunks of CV_K rows, so that the chunk's weights stay in L1
 while its pixels pass over them; each chunk after the first starts from the scratch), then
 16 x 16 transposes (kernels_fma._transposed) store them as the rows of C.
 
@@ -28,18 +29,16 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
-from pocket.infer.kernels_fma import _VF, _by_mode, _transposed
-from pocket.infer.kernels_vnni import _const, _lanes_below, _loop, _masked_io, _ptr, _splat
+from pocket.infer.kernels_fma import _VF, _broadcast_fmas, _transposed, _with_epilogue
+from pocket.infer.kernels_vnni import _const, _lanes_below, _loop, _masked_io, _ptr
 
-CV_V = 4  # vectors of output channels a tile, and a block's
-CV_O = 16 * CV_V  # a block's channels: a row of its packed weights, of its scratch (256 bytes)
+CV_V = 4  # vectors of output channels a tile at most (a block's)
+CV_O = 16 * CV_V  # a block's channels at most: a pixel's row of the scratch (256 bytes)
 CV_P = 6  # pixels a tile of 3 or 4 vectors (24 accumulators); 12 for 1 or 2 vectors
 CV_K = 128  # rows of K a chunk: its weights, 32 KiB, stay in L1 (see gemm_cv)
 # A part's scratch in rows of this many pixels: a multiple of 16 (the transposes read whole
 # 16-pixel blocks) and of both tiles' pixels
 _SCRATCH_ROWS = 48
-
-_F32 = ir.FloatType()
 
 
 def _make_cv_tile(nv: int, npx: int, full: bool = False):
@@ -79,12 +78,7 @@ def _make_cv_tile(nv: int, npx: int, full: bool = False):
                 wk = builder.mul(i, ldw)
                 ws = [builder.load(_ptr(builder, builder.add(w_at[v], wk), _VF), align=4) for v in range(nv)]
                 row = builder.mul(i, ldx)
-                out = []
-                for j in range(npx):
-                    s = builder.load(_ptr(builder, builder.add(x_at[j], row), _F32), align=4)
-                    xb = _splat(builder, s, _VF)
-                    out += [builder.call(fma, [xb, ws[v], accs[j * nv + v]]) for v in range(nv)]
-                return out
+                return _broadcast_fmas(builder, fma, [builder.add(a, row) for a in x_at], ws, accs)
 
             final = _loop(builder, nk, init, step)
 
@@ -98,11 +92,7 @@ def _make_cv_tile(nv: int, npx: int, full: bool = False):
                             val = act(builder, builder.fadd(val, bo[v]))
                         builder.store(val, _ptr(builder, t_at[j][v], _VF), align=4)
 
-            with builder.if_else(builder.icmp_signed("!=", bias, _const(0))) as (then, otherwise):
-                with then:
-                    _by_mode(builder, mode, store_all)
-                with otherwise:
-                    store_all(None)
+            _with_epilogue(builder, bias, mode, store_all)
             return context.get_dummy_value()
 
         return sig, codegen
