@@ -82,18 +82,22 @@ class ConvFmaCols(Route):
             yw = ctx.scratch(step, np.float32, (halves * o, cols),
                              _aligned(k * kfma.tile_cols(d["chunk"] * p) * 4))
             kpart = k // halves
-            if cols > m * p:
-                calls.append(partial(col[:, m * p:].fill, 0))
-            calls.append(_im2col(col, xs, geom, np.float32(0), 0, p))
             # one image: the GEMM's (O, P) is its NCHW output, so the GEMM writes it with the
             # bias and the activation in registers (conv_fma_1x1's: ReLU, relu6, SiLU, sigmoid;
             # the last P % 16 pixels masked), no epilogue pass (EfficientNet-B0's stem: a
             # SiLU pass over 32 x 112 x 112)
             epi = register_epi(act, alpha)
             if m == 1 and halves == 1 and pool is None and epi is not None:
-                calls.append(partial(kfma.gemm, ys[0], d["w2"], col, kfma.row_offsets(k, cols), 1, o, p,
-                                     0, 0, k, 0, p, d["b_reg"], epi))
+                # NOTE: this GEMM reads only the P columns (the last ones masked): the
+                # columns past them need no zeros (SqueezeNet's 13x13 convs zeroed 7 x 432
+                # floats a call, 2-8 us)
+                calls += [_im2col(col, xs, geom, np.float32(0), 0, p),
+                          partial(kfma.gemm, ys[0], d["w2"], col, kfma.row_offsets(k, cols), 1, o, p,
+                                  0, 0, k, 0, p, d["b_reg"], epi)]
                 continue
+            if cols > m * p:
+                calls.append(partial(col[:, m * p:].fill, 0))
+            calls.append(_im2col(col, xs, geom, np.float32(0), 0, p))
             # a fused max pool the AVX-512 pool takes: the GEMM writes the activated maps to
             # its scratch, the pool reads them (bias_act_pool's loops ran 0.42 ms over
             # SqueezeNet's 64 x 111 x 111 stem, mostly scalar)
