@@ -303,7 +303,41 @@ def test_stem_conv_fuses_a_padded_maxpool(tmp_path, hw, fused):
             eng._arena.fill(255)  # NaN as float32: a read of memory no call wrote shows
             got = eng.run(x, copy=True)
             assert eng.routes()[0]["route"] == "conv_fma_phase"
-            names = [c.func.__name__ for c in eng._bound[n].calls]
-        pooled = "bias_act_pitch_serial" not in names and "maxpool_fma_serial" in names
+            calls = eng._bound[n].calls
+            names = [c.func.__name__ for c in calls]
+        # fused: one GEMM over the image's pitch (nb 1) whose scratch the pool reads; not
+        # fused, at batch 1 the GEMM writes the output's rows (nb = Ho), the pool after it
+        gemm = next(c for c in calls if c.func.__name__.startswith("gemm"))
+        pooled = "bias_act_pitch_serial" not in names and gemm.args[4] == 1
         assert pooled == (fused and n == 1), names
+        assert "maxpool_fma_serial" in names
+        matches_reference(path, x, got, False)
+
+
+@pytest.mark.parametrize("hw,act,direct", [(32, "silu", True), (29, "hardswish", True), (30, "sigmoid", True),
+                                           (32, "leaky_relu", False)])
+def test_stem_conv_writes_its_rows(tmp_path, hw, act, direct):
+    """A stride-2 conv on conv_fma_phase with an activation the GEMM's registers do, at batch
+    1: one GEMM a row of the output, straight into the NCHW rows (no copy-out pass past the
+    junk columns; Wo = 16, 15, 15: whole and masked rows); with another activation, and at
+    batch 2, the copy-out pass stays. Every way matches the reference."""
+    from models import Builder, matches_reference, save_model
+
+    from pocket.infer import kernels_fma
+    from pocket.infer.engine import Engine
+
+    if not kernels_fma.AVAILABLE:
+        pytest.skip("conv_fma_phase needs AVX-512")
+    rng = np.random.default_rng(22)
+    b = Builder((3, hw, hw), rng)
+    b.conv(3, 20, 3, stride=[2, 2], padding=[1, 1], activation=act)
+    path = save_model(tmp_path / "stem.bin", b.graph(), b.params, None)
+    for n in (1, 2):
+        x = rng.standard_normal((n, 3, hw, hw)).astype(np.float32)
+        with Engine(path, max_batch=n, threads=2) as eng:
+            eng._arena.fill(255)  # NaN as float32: a read of memory no call wrote shows
+            got = eng.run(x, copy=True)
+            assert eng.routes()[0]["route"] == "conv_fma_phase"
+            names = [c.func.__name__ for c in eng._bound[n].calls]
+        assert (not any(nm.startswith("bias_act_pitch") for nm in names)) == (direct and n == 1), names
         matches_reference(path, x, got, False)
