@@ -64,6 +64,13 @@ def phase_offsets(c: int, kh: int, kw: int, hq: int, wq: int) -> np.ndarray:
     return ((planes * (hq * wq) + (i // 2) * wq + j // 2) * 4).reshape(-1).astype(np.int64)
 
 
+# A plane's four phases of at most this many floats are zeroed whole before its rows are split
+# into them (a few vector stores), larger ones only outside the rows (see _zero_border): one
+# thread, ResNet-18's 128 x 28 x 28 and 256 x 14 x 14 padded by 1 (4 x 15 x 15 and 4 x 8 x 8 a
+# plane) 28 -> 16 and 26.5 -> 13 us
+SMALL_PHASES = 1024
+
+
 @kernel
 def pad_phases(xq, x, ph, pw, hq, wq):
     """x (N, C, H, W) f32 -> xq (>= N*C*4*Hq*Wq,): each plane zero-padded by (ph, pw) and split
@@ -76,10 +83,13 @@ def pad_phases(xq, x, ph, pw, hq, wq):
     # the other phase from (pw + 1) // 2 on
     even, odd = (pw & 1) * plane + (pw >> 1), ((pw + 1) & 1) * plane + ((pw + 1) >> 1)
     for t in prange(n * c):
-        for a in range(2):
-            for b in range(2):
-                _zero_border(xq, (t * 4 + a * 2 + b) * plane, hq, wq, (ph - a + 1) // 2,
-                             (ph + h - 1 - a) // 2, (pw - b + 1) // 2, (pw + w - 1 - b) // 2)
+        if 4 * plane <= SMALL_PHASES:
+            xq[t * 4 * plane:(t + 1) * 4 * plane] = np.float32(0.0)
+        else:
+            for a in range(2):
+                for b in range(2):
+                    _zero_border(xq, (t * 4 + a * 2 + b) * plane, hq, wq, (ph - a + 1) // 2,
+                                 (ph + h - 1 - a) // 2, (pw - b + 1) // 2, (pw + w - 1 - b) // 2)
         for ih in range(h):
             r = ih + ph
             row = t * 4 * plane + (r & 1) * 2 * plane + (r >> 1) * wq
