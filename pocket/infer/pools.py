@@ -160,6 +160,7 @@ def call_work(call: partial, spinning: bool = False) -> int:
     from pocket.infer import kernels_fma as kfma
     from pocket.infer import kernels_fma_cv as kcv
     from pocket.infer import kernels_fma_dw as kfd
+    from pocket.infer import kernels_fma_dwcv as kdc
     from pocket.infer import kernels_fma_linear as kfl
     from pocket.infer import kernels_fma_winograd as kfw
     from pocket.infer import kernels_fp32 as kf
@@ -207,6 +208,8 @@ def call_work(call: partial, spinning: bool = False) -> int:
     size = max((a.size for a in call.args if isinstance(a, np.ndarray)), default=0)
     if call.func is kfd.dw_conv_fma or call.func is kfd.dw_conv_fma_flat:  # w (C, 1, kh, kw)
         return depthwise_work(size, call.args[2][0].size, spinning)
+    if call.func is kdc.dw_conv_fma_cv:  # out, x, then w packed (groups, k*k, 16)
+        return depthwise_work(max(call.args[0].size, call.args[1].size), call.args[2].shape[1], spinning)
     # NOTE: im2col pays a row's bookkeeping every few elements on small maps (~1 ns an
     # element on 4x4 maps): counted 4x (cnn_cifar fp32 batch 1, 2 threads: 43 -> 19 us a call)
     if call.func is kf.im2col or call.func is kf.im2col_same:

@@ -377,12 +377,15 @@ def test_dw_conv_fma_flat(name, act):
     assert np.all(np.abs(out - naive_dw(x, w, s, p, d, 0.0)) <= _f32_bound(x, w, 0 * b, s, p, d))
 
 
-@pytest.mark.parametrize("h,w,k,flat", [(4, 4, 3, True), (7, 7, 5, True), (8, 8, 3, True),
-                                        (9, 9, 5, False), (14, 14, 3, True), (15, 15, 3, False)])
-def test_small_planes_take_the_flat_kernel(tmp_path, h, w, k, flat):
-    """On AVX-512 a depthwise conv of at most 64 outputs a plane (196 at 3x3) at stride 1,
-    "same" padding, binds dw_conv_fma_flat (5x5 on 7x7 too, which the row kernels decline) and
-    matches the reference; 9x9 at 5x5 and 15x15 keep the row kernels."""
+@pytest.mark.parametrize("h,w,k,kernel", [(4, 4, 3, "dw_conv_fma_flat"), (7, 7, 5, "dw_conv_fma_cv"),
+                                          (8, 8, 3, "dw_conv_fma_flat"), (9, 9, 5, "dw_conv_fma_cv"),
+                                          (14, 14, 3, "dw_conv_fma_flat"), (15, 15, 3, "dw_conv_fma"),
+                                          (15, 15, 5, "dw_conv_fma")])
+def test_small_planes_take_the_flat_kernel(tmp_path, h, w, k, kernel):
+    """On AVX-512 a 3x3 depthwise conv of at most 196 outputs a plane at stride 1, "same"
+    padding, binds dw_conv_fma_flat, a 5x5 one of at most 196 kernels_fma_dwcv's (16 channels
+    a vector; the row kernels declined 5x5 on 7x7), and each matches the reference; 15x15
+    keeps the row kernels."""
     from models import Builder, matches_reference
 
     from pocket.infer import kernels_fma
@@ -401,8 +404,8 @@ def test_small_planes_take_the_flat_kernel(tmp_path, h, w, k, flat):
     with Engine(path, max_batch=2, threads=1) as eng:
         eng._arena.fill(255)
         got = eng.run(x, copy=True)
-        names = [c.func.__name__ for c in eng._bound[2].calls]
-    assert any(n.startswith("dw_conv_fma_flat") for n in names) == flat, names
+        names = [c.func.__name__.removesuffix("_serial") for c in eng._bound[2].calls]
+    assert names == [kernel], names
     matches_reference(path, x, got, False)
 
 
@@ -528,12 +531,14 @@ def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
     assert engine_mod._PARALLEL_WORK // 64 <= 96 * 32 * 32 < engine_mod._PARALLEL_WORK // 16
 
 
-@pytest.mark.parametrize("k,h,parallel", [(5, 14, True), (3, 14, False), (5, 7, True), (5, 6, False)])
-def test_5x5_counts_its_taps(tmp_path, monkeypatch, k, h, parallel):
+@pytest.mark.parametrize("k,h,parallel,kernel", [(5, 16, True, "dw_conv_fma"), (3, 16, False, "dw_conv_fma"),
+                                                 (5, 7, True, "dw_conv_fma_cv"),
+                                                 (5, 6, False, "dw_conv_fma_cv")])
+def test_5x5_counts_its_taps(tmp_path, monkeypatch, k, h, parallel, kernel):
     """On AVX-512 a 5x5 depthwise conv counts 25/9 of a 3x3's work (pools.depthwise_work):
-    64 planes of 14x14 (12,544 outputs, under the 3x3 threshold) run on the pool in one part
-    a thread, the row kernels and the flat one (7x7) alike; the same planes at 3x3, and 5x5 on
-    6x6, stay on the calling thread in one part."""
+    64 planes of 16x16 (16,384 outputs, under the 3x3 threshold) run on the pool in one part
+    a thread, the row kernels and kernels_fma_dwcv (7x7) alike; the same planes at 3x3, and
+    5x5 on 6x6, stay on the calling thread in one part."""
     from models import Builder, two_thread_calls
 
     from pocket.infer import engine as engine_mod
@@ -542,7 +547,7 @@ def test_5x5_counts_its_taps(tmp_path, monkeypatch, k, h, parallel):
     if not kernels_fma.AVAILABLE:
         pytest.skip("this CPU has no AVX-512")
     monkeypatch.setattr(pools, "spin_policy", lambda graph, sample, threads: (True, False))
-    c = 64 if h == 14 else 256
+    c = 64 if h == 16 else 256
     rng = np.random.default_rng(10)
     b = Builder((c, h, h), rng)
     b.conv(c, c, k, groups=c, padding=[k // 2, k // 2], activation="silu")
@@ -550,7 +555,7 @@ def test_5x5_counts_its_taps(tmp_path, monkeypatch, k, h, parallel):
                                 lambda name: "dw_conv" in name)
     assert len(calls) == 1
     name = calls[0].func.__name__
-    assert name.startswith("dw_conv_fma_flat" if h < 14 else "dw_conv_fma"), name
+    assert name.removesuffix("_serial") == kernel, name
     assert name.endswith("_serial") != parallel, name
     assert _parts(calls[0]) == (2 if parallel else 1), name
     assert c * h * h < engine_mod._PARALLEL_WORK // 64

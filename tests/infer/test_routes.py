@@ -257,17 +257,20 @@ def test_each_eligible_linear_route_forced(dtype, monkeypatch):
                     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("h,w,k,s,want", [(10, 7, 5, 1, "conv_depthwise"), (14, 14, 5, 2, "conv_depthwise"),
-                                           (28, 28, 5, 2, "conv_depthwise"),
+@pytest.mark.parametrize("h,w,k,s,want", [(40, 8, 5, 1, "conv_depthwise"), (56, 56, 5, 2, "conv_depthwise"),
+                                           (10, 7, 5, 1, "conv_fma_depthwise"),
+                                           (14, 14, 5, 2, "conv_fma_depthwise"),
+                                           (28, 28, 5, 2, "conv_fma_depthwise"),
                                            (14, 14, 5, 1, "conv_fma_depthwise"),
                                            (7, 7, 5, 1, "conv_fma_depthwise"),
                                            (7, 7, 3, 1, "conv_fma_depthwise"),
                                            (28, 28, 3, 2, "conv_fma_depthwise")])
 def test_depthwise_5x5_on_small_maps_and_stride_2_takes_the_padded_plane(h, w, k, s, want):
-    """Where kernels_fma_dw runs, a 5x5 depthwise conv on maps of 8 columns or fewer, or at
-    stride 2, takes conv_depthwise's padded plane (measured faster: routes.conv_fma_depthwise);
-    3x3 and 5x5 on wider maps stay on conv_fma_depthwise, and so do planes of at most 64
-    outputs at stride 1 (7x7 5x5: the flat kernel). Forced, the fma route still runs it."""
+    """Where kernels_fma_dw runs, a 5x5 depthwise conv to more than kernels_fma_dwcv.MAX_OUT
+    pixels on maps of 8 columns or fewer, or at stride 2, takes conv_depthwise's padded plane
+    (measured faster: routes.conv_fma_depthwise); to at most MAX_OUT pixels it stays on
+    conv_fma_depthwise (16 channels a vector: kernels_fma_dwcv), and so do 3x3 and 5x5 on
+    wider maps. Forced, the fma route still runs it."""
     cpu = Cpu.host()
     geo = ConvGeometry(24, h, w, 24, k, k, s, s, k // 2, k // 2, 1, 1, 24)
     if not cpu.fma:

@@ -4,8 +4,10 @@
 sigmoid) on the sums in registers; other activations take one pass over each plane. Ahead of
 conv_depthwise (the portable padded-plane kernels), which takes every other geometry, every
 CPU without AVX-512, and the 5x5 convs this route declines (stride 2, maps of 8 columns or
-fewer: see declines). Small planes at stride 1 with "same" padding (64 outputs, 196 at 3x3)
-take kernels_fma_dw.dw_conv_fma_flat instead of the row kernels (see _flat).
+fewer, both to more than 196 pixels: see declines). 5x5 convs to at most 196 pixels take
+kernels_fma_dwcv (16 channels a vector, see _cv); small 3x3 planes at stride 1 with "same"
+padding (196 outputs) kernels_fma_dw.dw_conv_fma_flat (see _flat), and the rest the row
+kernels.
 
 NOTE: against kernels_dw.dw_conv_padded on one thread (EfficientNet-B0's and MobileNetV2's
 layers, no activation): 32 x 112 x 112 3x3 0.46 -> 0.22 ms, 96 x 112 x 112 3x3/2 0.78 -> 0.42,
@@ -19,10 +21,11 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_fma_dw as kfd
+from pocket.infer import kernels_fma_dwcv as kdc
 from pocket.infer import kernels_fma_im2col as kfi
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer.lowering_common import _act_alpha, _act_code, register_epi
-from pocket.infer.routes.base import Route, conv_prep, register
+from pocket.infer.routes.base import Route, conv_prep, prepared, register
 from pocket.infer.routes.conv_depthwise import depthwise_limit, plane_parts
 
 
@@ -54,6 +57,9 @@ class ConvFmaDepthwise(Route):
         # relu6 11.5 vs 13.3 us, 8x8 SiLU 15.7 vs 13.4), and MobileNetV2 ran 1.03-1.05x slower
         # with them there; 5x5 on 14x14 maps here too (480 x 14 x 14 relu6 88 vs 101 us)
         # (small planes at stride 1 with "same" padding take the flat kernel: see _flat)
+        # (5x5 to maps of at most kernels_fma_dwcv.MAX_OUT pixels takes that kernel: see _cv)
+        if _cv(geo):
+            return None
         if geo.kh == 5 and geo.wo <= 8 and not _flat(geo):
             return "5x5 on maps of 8 columns or fewer: conv_depthwise's flat loop fills the vectors"
         if geo.kh == 5 and geo.sh == 2:
@@ -63,6 +69,11 @@ class ConvFmaDepthwise(Route):
     def prepare(self, ctx, node):
         d = conv_prep(ctx, node, self.name)
         geo = d["geo"]
+        if _cv(geo):
+            d["cv"] = kdc.scratch_floats((geo.ho - 1) * geo.sh + geo.kh, (geo.wo - 1) * geo.sw + geo.kw,
+                                         geo.ho, geo.wo)
+            d["scratch_bytes"] = max(1, ctx.threads) * d["cv"] * 4
+            return d
         if _flat(geo):
             d["masks"] = kfi.same_masks(kf.same_valid(geo.h, geo.w, geo.kh, geo.kw, geo.ph, geo.pw, 1, 1))
             d["scratch_bytes"] = 0
@@ -79,12 +90,30 @@ class ConvFmaDepthwise(Route):
         kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
         parts = plane_parts(ctx, d["geo"], n, d["geo"].kh * d["geo"].kw)
         mode = -1 if epi is None else epi - 1
+        if "cv" in d:
+            c = d["geo"].c
+            wpk = prepared(d, "wpk", lambda: kdc.pack(d["w"]))
+            bpk = prepared(d, "bpk", lambda: kdc.pad_bias(d["b"], c))
+            scratch = ctx.scratch(step, np.float32, (parts, d["cv"]))
+            return [partial(kdc.dw_conv_fma_cv, y, x, wpk, bpk, scratch, sh, ph, pw, mode, act, alpha)]
         if "masks" in d:
             return [partial(kfd.dw_conv_fma_flat, y, x, d["w"], d["b"], d["masks"], parts, ph, pw,
                             mode, act, alpha)]
         scratch = ctx.scratch(step, np.float32, (parts, d["row"]))
         return [partial(kfd.dw_conv_fma, y, x, d["w"], d["b"], scratch, sh, ph, pw, mode, act,
                         alpha)]
+
+
+def _cv(geo) -> bool:
+    """Whether the node takes kernels_fma_dwcv (16 channels a vector): 5x5 to a map of at most
+    MAX_OUT pixels.
+
+    NOTE: one thread, through the engine, this route's other kernels or conv_depthwise ->
+    kernels_fma_dwcv: 1152 x 7 x 7 5x5 SiLU 101 -> 85 us, 576 x 7 x 7 hardswish 42 -> 37, 672
+    x 14 x 14 5x5/2 100 -> 62, 288 x 14 x 14 5x5/2 40 -> 25, 672 x 14 x 14 5x5 175 -> 172; but
+    3x3 (1152 x 7 x 7 54 -> 57, 480 x 4 x 4 6.8 -> 11.3) and 28 x 28 maps (240 x 28 x 28 5x5
+    183 -> 243) lose: the transposes in and out cost more than the lanes they fill."""
+    return geo.kh == geo.kw == 5 and geo.sh == geo.sw and geo.ho * geo.wo <= kdc.MAX_OUT
 
 
 def _flat(geo) -> bool:
