@@ -98,12 +98,13 @@ class ConvFmaPhase(Route):
             yw = ctx.scratch(step, np.float32, (o, m * mpi), _aligned((d["chunk"] * per + d["slack"]) * 4))
             calls.append(partial(kq.pad_phases, xq, x[start:start + m], ph, pw, d["hq"], wq))
             b, e = (d["b_reg"], epi) if epi is not None else (_EMPTY_F32, 0)
-            if m == 1 and pool is None and epi is not None:
+            ho, wo = d["geo"].ho, d["geo"].wo
+            if m == 1 and pool is None and epi is not None and wo >= 64 and (wo % 16 == 0 or wo >= 96):
                 # NOTE: one GEMM a row of the output (its Wo pixels read from the phases at
                 # their pitch, written to the NCHW row): no copy-out pass past the junk
                 # columns (bias_act_pitch: MobileNetV3-small's stem 40 us of its 1.6 ms,
-                # EfficientNet-B0's 108 us)
-                ho, wo = d["geo"].ho, d["geo"].wo
+                # EfficientNet-B0's 108 us). Only rows that fill the tiles' vectors: ResNet-18's
+                # 3x3/2 convs to 28x28 and 14x14 ran 1.1x slower a GEMM of 28 or 14 pixels
                 calls.append(partial(kfma.gemm, y[start].reshape(o, ho * wo), d["w2"], xq, d["offs"], ho, o,
                                      wo, wq, 0, k, wo, ho * wo, b, e))
                 continue
