@@ -235,7 +235,7 @@ def _part(out, x, w, b, scratch, lo, hi, sh, ph, pw, mode, act, alpha):
 
 # --------------------------------------------------------------------------- small planes
 #
-# A plane of at most FLAT_MAX outputs (FLAT_MAX_3 for 3x3) at stride 1 with "same" padding
+# A 3x3 conv's plane of at most FLAT_MAX outputs at stride 1 with "same" padding
 # (Ho, Wo = H, W): its outputs t = oh * W + ow and inputs share one flat index, tap (i, j)
 # reading input t + (i - ph) * W + (j - pw) (kernels_fp32.im2col_same's indexing); so each tap
 # is one masked load a vector of 16 outputs, the mask (kernels_fma_im2col.same_masks of
@@ -243,17 +243,16 @@ def _part(out, x, w, b, scratch, lo, hi, sh, ph, pw, mode, act, alpha):
 # row, a 4x4 plane left 12 of 16 lanes idle, each input row loaded again for each column shift,
 # and the setup of a row call (its row addresses) cost more than the sums.
 # NOTE: one thread, against the row kernels: 480 x 4 x 4 3x3 12.7 -> 5.0 us, 192 x 8 x 8 9.9 ->
-# 5.6, 1152 x 7 x 7 5x5 104 -> 75, 480 x 14 x 14 3x3 47 -> 41; but 5x5 on 14x14 maps 125 -> 140
-# (672 channels: the row kernels load each input row once for 4 output rows), and 3x3 on 16x16
-# even (23 vs 22)
-FLAT_MAX, FLAT_MAX_3 = 64, 196
+# 5.6, 480 x 14 x 14 3x3 47 -> 41, 3x3 on 16x16 even (23 vs 22). 5x5 planes this small take
+# kernels_fma_dwcv (16 channels a vector: 1152 x 7 x 7 5x5 75 us here, 85 -> ~70 there with
+# SiLU), so this kernel is 3x3 only.
+FLAT_MAX = 196
 _VB = ir.VectorType(ir.IntType(1), 16)
 
 
 def flat_fast(h: int, w: int, ho: int, wo: int, kh: int, sh: int) -> bool:
-    """Whether dw_conv_fma_flat takes this geometry (the route checks the rest: 3x3 or 5x5)."""
-    return (sh == 1 and (ho, wo) == (h, w) and kh in (3, 5)
-            and h * w <= (FLAT_MAX_3 if kh == 3 else FLAT_MAX))
+    """Whether dw_conv_fma_flat takes this geometry (the route checks the rest: padding)."""
+    return sh == 1 and (ho, wo) == (h, w) and kh == 3 and h * w <= FLAT_MAX
 
 
 def _make_flat(k: int, nv: int):
@@ -302,10 +301,7 @@ def _make_flat(k: int, nv: int):
 
 
 # (one intrinsic per vector count: a plane runs in blocks of 4 vectors, then 1-3)
-_FLAT3 = [_make_flat(3, nv) for nv in range(1, 5)]
-_FL31, _FL32, _FL33, _FL34 = _FLAT3
-_FLAT5 = [_make_flat(5, nv) for nv in range(1, 5)]
-_FL51, _FL52, _FL53, _FL54 = _FLAT5
+_FL31, _FL32, _FL33, _FL34 = (_make_flat(3, nv) for nv in range(1, 5))
 
 
 @kernel
@@ -319,25 +315,16 @@ def dw_conv_fma_flat(out, x, w, b, masks, parts, ph, pw, mode, act, alpha):
 
 
 @njit(cache=True, inline="always")
-def _flat_block(k, nb, o, x, w, m, ms, wd, ph, pw, n, bo, reg):
+def _flat_block(nb, o, x, w, m, ms, wd, ph, pw, n, bo, reg):
     """A block of nb (1-4) vectors of a plane's flat run (see _make_flat)."""
-    if k == 3:
-        if nb == 4:
-            _FL34(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
-        elif nb == 1:
-            _FL31(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
-        elif nb == 2:
-            _FL32(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
-        else:
-            _FL33(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
-    elif nb == 4:
-        _FL54(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+    if nb == 4:
+        _FL34(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
     elif nb == 1:
-        _FL51(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+        _FL31(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
     elif nb == 2:
-        _FL52(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+        _FL32(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
     else:
-        _FL53(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
+        _FL33(o, x, w, m, ms, wd, ph, pw, n, bo, reg)
 
 
 @njit(cache=True)
@@ -353,7 +340,7 @@ def _flat_part(out, x, w, b, masks, lo, hi, ph, pw, mode, act, alpha):
         bo = b[nc % c] if has_bias else np.float32(0.0)
         wb, xp, op = wa + (nc % c) * k * k * 4, xa + nc * n * 4, oa + nc * n * 4
         for v0 in range(0, nv, 4):
-            _flat_block(k, min(4, nv - v0), op + v0 * 64, xp + v0 * 64, wb, ma + v0 * 8, nv * 8, wd,
+            _flat_block(min(4, nv - v0), op + v0 * 64, xp + v0 * 64, wb, ma + v0 * 8, nv * 8, wd,
                         ph, pw, n - v0 * 16, bo, reg)
         if mode < 0 and act != 0:
             act_inplace(out.reshape(-1), nc * n, n, np.float32(0.0), act, alpha)

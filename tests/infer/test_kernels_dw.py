@@ -331,10 +331,10 @@ def test_dw_conv_fma(name, act):
     assert np.all(np.abs(out - naive_dw(x, w, s, p, d, 0.0)) <= _f32_bound(x, w, 0 * b, s, p, d))
 
 
-# small planes at stride 1 with "same" padding (kernels_fma_dw.dw_conv_fma_flat): 1-4 vectors
-FLAT = {"4x4": (2, 5, 4, 4, 3), "8x8": (1, 3, 8, 8, 3), "7x7-5x5": (2, 3, 7, 7, 5),
-        "1x1": (1, 4, 1, 1, 3), "2x3-5x5": (1, 3, 2, 3, 5), "3x11": (1, 2, 3, 11, 3),
-        "16x4": (1, 2, 16, 4, 3), "1x64-5x5": (1, 2, 1, 64, 5), "5x9-5x5": (2, 2, 5, 9, 5),
+# small 3x3 planes at stride 1 with "same" padding (kernels_fma_dw.dw_conv_fma_flat): 1-4 vectors
+FLAT = {"4x4": (2, 5, 4, 4, 3), "8x8": (1, 3, 8, 8, 3), "7x7": (2, 3, 7, 7, 3),
+        "1x1": (1, 4, 1, 1, 3), "2x3": (1, 3, 2, 3, 3), "3x11": (1, 2, 3, 11, 3),
+        "16x4": (1, 2, 16, 4, 3), "1x64": (1, 2, 1, 64, 3), "5x9": (2, 2, 5, 9, 3),
         "14x14": (1, 3, 14, 14, 3), "13x13": (2, 2, 13, 13, 3), "5x13": (1, 2, 5, 13, 3)}
 
 

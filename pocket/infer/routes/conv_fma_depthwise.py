@@ -117,8 +117,7 @@ def _cv(geo) -> bool:
 
 
 def _flat(geo) -> bool:
-    """Whether the node takes kernels_fma_dw.dw_conv_fma_flat: a small plane at stride 1 with
-    "same" padding (kernels_fma_dw.FLAT_MAX; 1152 x 7 x 7 5x5 there 75 us, on the padded plane
-    this route declined ~110)."""
+    """Whether the node takes kernels_fma_dw.dw_conv_fma_flat: a small 3x3 plane at stride 1
+    with "same" padding (kernels_fma_dw.FLAT_MAX)."""
     return (kfd.flat_fast(geo.h, geo.w, geo.ho, geo.wo, geo.kh, geo.sh)
             and geo.ph == geo.pw == geo.kh // 2)
