@@ -130,19 +130,19 @@ def _cv_tile(nv, full, args):
 
 
 def _make_out16():
-    """dst[r*ldd : r*ldd + cnt] = t[0:cnt, r] for r < rows: 16 pixels' rows of 16 channels
-    (t's rows 256 bytes apart; all 16 are read) transposed in registers, each channel's
-    pixels one masked store (rows 1..16, cnt 1..16; addresses in bytes)."""
+    """dst[r*ldd : r*ldd + cnt] = t[0:cnt, r] for r < rows: 16 pixels' vectors of 16 channels
+    (lds bytes apart; all 16 are read) transposed in registers, each channel's pixels one
+    masked store (rows 1..16, cnt 1..16; addresses in bytes). kernels_fma_dwcv's way out too."""
 
     @intrinsic
-    def out16(typingctx, t, dst, ldd, rows, cnt):
-        sig = types.void(*[types.intp] * 5)
+    def out16(typingctx, t, lds, dst, ldd, rows, cnt):
+        sig = types.void(*[types.intp] * 6)
 
         def codegen(context, builder, signature, args):
-            t, dst, ldd, rows, cnt = args
+            t, lds, dst, ldd, rows, cnt = args
             _, st = _masked_io(builder, _VF, 4)
             lanes = _lanes_below(builder, cnt)
-            vecs = [builder.load(_ptr(builder, builder.add(t, _const(256 * j)), _VF), align=4)
+            vecs = [builder.load(_ptr(builder, builder.add(t, builder.mul(lds, _const(j))), _VF), align=4)
                     for j in range(16)]
             for r, v in enumerate(_transposed(builder, vecs)):
                 with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
@@ -283,5 +283,5 @@ def _cv_task(t, c, wp, x, o, m, bp, epi, groups, splits, ta):
         ca = np.int64(c.ctypes.data) + (item * o * m + b0 * 16 * m + p0) * 4
         for q in range(0, mp, 16):
             for v in range(nv):
-                _out16(ta + q * (CV_O * 4) + v * 64, ca + (v * 16 * m + q) * 4, np.int64(m * 4),
-                       np.int64(min(16, o - 16 * (b0 + v))), np.int64(min(16, mp - q)))
+                _out16(ta + q * (CV_O * 4) + v * 64, np.int64(CV_O * 4), ca + (v * 16 * m + q) * 4,
+                       np.int64(m * 4), np.int64(min(16, o - 16 * (b0 + v))), np.int64(min(16, mp - q)))

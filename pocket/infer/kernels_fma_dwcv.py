@@ -8,7 +8,7 @@ transposed into a zero-padded scratch of Hp x Wp pixels x 16 channels (16 x 16 t
 registers), each output is then k*k multiply-adds of whole vectors (one weight vector a tap,
 the channels' taps packed once at load: `pack`), at any stride, 8 outputs of a row at a
 time; the activation runs in registers and the outputs go back to the planes' rows by the
-same transposes.
+same transposes (kernels_fma_cv's way out).
 
 The sums differ from the reference's float64 sum by float32 rounding only (bias first, the
 taps in row order, one chain an output). ARM and older x86 keep kernels_dw.
@@ -24,6 +24,7 @@ from numba.extending import intrinsic
 
 from pocket.infer import kernels_fma as kfma
 from pocket.infer.jit import kernel
+from pocket.infer.kernels_fma_cv import _out16
 from pocket.infer.kernels_fp32 import act_inplace
 from pocket.infer.kernels_vnni import _const, _lanes_below, _masked_io, _ptr
 
@@ -84,31 +85,7 @@ def _make_tin():
     return tin
 
 
-def _make_tout():
-    """The reverse of tin: channel r's outputs at columns j < cols of a row (ldd bytes between
-    the channels' rows, r < rows) from src[j] (64 bytes apart, 16 read); masked stores."""
-
-    @intrinsic
-    def tout(typingctx, src, cols, dst, ldd, rows):
-        sig = types.void(*[types.intp] * 5)
-
-        def codegen(context, builder, signature, args):
-            src, cols, dst, ldd, rows = args
-            _, st = _masked_io(builder, _VF, 4)
-            lanes = _lanes_below(builder, cols)
-            vecs = [builder.load(_ptr(builder, builder.add(src, _const(64 * j)), _VF), align=4)
-                    for j in range(16)]
-            for r, v in enumerate(kfma._transposed(builder, vecs)):
-                with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
-                    st(v, builder.add(dst, builder.mul(ldd, _const(r))), lanes)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return tout
-
-
-_tin, _tout = _make_tin(), _make_tout()
+_tin = _make_tin()
 
 
 def _make_outs(k: int, no: int):
@@ -207,8 +184,8 @@ def _cv_group(out, x, wpk, bp, scratch, t, sh, ph, pw, mode, act, alpha):
     oa = np.int64(out.ctypes.data) + ((img * c + c0) * ho * wo) * 4
     for oy in range(ho):
         for x0 in range(0, wo, 16):
-            _tout(ra + (oy * wo + x0) * 64, np.int64(min(16, wo - x0)), oa + (oy * wo + x0) * 4,
-                  np.int64(ho * wo * 4), np.int64(rows))
+            _out16(ra + (oy * wo + x0) * 64, np.int64(64), oa + (oy * wo + x0) * 4, np.int64(ho * wo * 4),
+                   np.int64(rows), np.int64(min(16, wo - x0)))
     if mode < 0 and act != 0:
         flat = out.reshape(-1)
         for r in range(rows):
