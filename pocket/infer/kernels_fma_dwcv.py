@@ -23,6 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fma_cv as kcv
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fma_cv import _out16
 from pocket.infer.kernels_fp32 import act_inplace
@@ -36,18 +37,9 @@ MAX_OUT = 196
 
 def pack(w: np.ndarray) -> np.ndarray:
     """Depthwise weights (C, 1, k, k) as (groups, k*k, 16): group g's tap t holds channels
-    16g..16g+15 (zeros past C)."""
-    c, kk = w.shape[0], w.shape[2] * w.shape[3]
-    g = -(-c // 16)
-    out = np.zeros((g * 16, kk), np.float32)
-    out[:c] = w.reshape(c, kk)
-    return np.ascontiguousarray(out.reshape(g, 16, kk).transpose(0, 2, 1))
-
-
-def pad_bias(b: np.ndarray, c: int) -> np.ndarray:
-    out = np.zeros(-(-c // 16) * 16, np.float32)
-    out[:b.shape[0]] = b
-    return out
+    16g..16g+15 (zeros past C); kernels_fma_cv.pack's layout of the (C, k*k) taps. The bias
+    pads as gemm_cv's (kernels_fma_cv.pad_bias)."""
+    return kcv.pack(w.reshape(w.shape[0], -1))
 
 
 def scratch_floats(hp: int, wp: int, ho: int, wo: int) -> int:

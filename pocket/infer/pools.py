@@ -224,8 +224,8 @@ def call_work(call: partial, spinning: bool = False) -> int:
 
 
 def depthwise_work(size: int, taps: int, spinning: bool) -> int:
-    """element_work of an AVX-512 depthwise conv (kernels_fma_dw) of `taps` taps a plane: a
-    3x3 counts as an element-wise kernel, a 5x5 25/9 of one.
+    """element_work of an AVX-512 depthwise conv (kernels_fma_dw, kernels_fma_dwcv) of `taps`
+    taps a plane: a 3x3 counts as an element-wise kernel, a 5x5 25/9 of one.
 
     NOTE: counted as 3x3s, MobileNetV3-small's 5x5 convs ran on one thread: 120 x 14 x 14 27
     us where two threads took 20, 576 x 7 x 7 (the flat kernel) 43 -> 25."""

@@ -9,6 +9,7 @@ from route_fuzz import guarded_copy
 from test_kernels_fma import TILE_ACTS
 
 from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fma_cv as kcv
 from pocket.infer import kernels_fma_dwcv as kdc
 from pocket.infer import kernels_fp32 as kf
 
@@ -54,7 +55,7 @@ def test_dw_conv_fma_cv(n, c, h, w, k, s, ph, pw, serial):
             flat = np.full(n * c * ho * wo + 64, np.nan, np.float32)
             out = flat[:n * c * ho * wo].reshape(n, c, ho, wo)
             scratch = np.full((parts, kdc.scratch_floats(hp, wp, ho, wo)), np.nan, np.float32)
-            fn(out, x, kdc.pack(wt), kdc.pad_bias(bias, c), scratch, s, ph, pw, mode, act, 0.0)
+            fn(out, x, kdc.pack(wt), kcv.pad_bias(bias, c), scratch, s, ph, pw, mode, act, 0.0)
             assert np.isnan(flat[n * c * ho * wo:]).all(), "wrote past the output"
             want = ref_act(_naive(x, wt, bias, s, ph, pw))
             np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * k * 3, err_msg=f"mode {mode}")

@@ -20,6 +20,7 @@ from functools import partial
 
 import numpy as np
 
+from pocket.infer import kernels_fma_cv as kcv
 from pocket.infer import kernels_fma_dw as kfd
 from pocket.infer import kernels_fma_dwcv as kdc
 from pocket.infer import kernels_fma_im2col as kfi
@@ -93,7 +94,7 @@ class ConvFmaDepthwise(Route):
         if "cv" in d:
             c = d["geo"].c
             wpk = prepared(d, "wpk", lambda: kdc.pack(d["w"]))
-            bpk = prepared(d, "bpk", lambda: kdc.pad_bias(d["b"], c))
+            bpk = prepared(d, "bpk", lambda: kcv.pad_bias(d["b"], c))
             scratch = ctx.scratch(step, np.float32, (parts, d["cv"]))
             return [partial(kdc.dw_conv_fma_cv, y, x, wpk, bpk, scratch, sh, ph, pw, mode, act, alpha)]
         if "masks" in d:
