@@ -106,6 +106,9 @@ _cv2, _cv1 = _make_cv_tile(2, 2 * CV_P), _make_cv_tile(1, 2 * CV_P)
 # increments beside 12 multiply-adds in _cv1)
 _cv4f, _cv3f = _make_cv_tile(4, CV_P, True), _make_cv_tile(3, CV_P, True)
 _cv2f, _cv1f = _make_cv_tile(2, 2 * CV_P, True), _make_cv_tile(1, 2 * CV_P, True)
+# whole tiles of CV_P - 1 pixels: with tiles of CV_P they cover a part's pixels exactly (see
+# _five_tiles)
+_cv4f5, _cv3f5 = _make_cv_tile(4, CV_P - 1, True), _make_cv_tile(3, CV_P - 1, True)
 
 
 @njit(cache=True, inline="always")
@@ -127,6 +130,26 @@ def _cv_tile(nv, full, args):
         _cv2(*args)
     else:
         _cv1(*args)
+
+
+@njit(cache=True)
+def _five_tiles(mp):
+    """How many tiles of CV_P - 1 pixels, after tiles of CV_P, cover mp pixels exactly (blocks
+    of 3 or 4 vectors); 0 where none do (fewer than 20 pixels: the last tile of CV_P then
+    computes pixels past mp).
+
+    NOTE: a 7x7 map's 49 pixels in tiles of 6 computed 54 (the last tile 1 pixel of 6); in
+    4 x 6 + 5 x 5 they compute 49."""
+    b = (CV_P - mp % CV_P) % CV_P
+    return b if mp >= b * (CV_P - 1) else 0
+
+
+@njit(cache=True, inline="always")
+def _cv_tile5(nv, args):
+    if nv == 4:
+        _cv4f5(*args)
+    else:
+        _cv3f5(*args)
 
 
 def _make_out16():
@@ -276,10 +299,14 @@ def _cv_task(t, c, wp, x, o, m, bp, epi, groups, splits, ta):
             bias = ba if k0 + nk == k else np.int64(0)
             acc = np.int64(k0 > 0)
             wk, xk = wa + k0 * 64, xa + k0 * m * 4
-            for q in range(0, mp, npx):
+            five = _five_tiles(mp) if nv >= 3 else 0
+            for q in range(0, mp - five * (CV_P - 1), npx):
                 args = (wk, ldv, np.int64(64), xk + q * 4, np.int64(m * 4), np.int64(nk),
                         ta + q * (CV_O * 4), acc, np.int64(min(npx, mp - q)), bias, mode)
                 _cv_tile(nv, mp - q >= npx, args)
+            for q in range(mp - five * (CV_P - 1), mp, CV_P - 1):
+                _cv_tile5(nv, (wk, ldv, np.int64(64), xk + q * 4, np.int64(m * 4), np.int64(nk),
+                               ta + q * (CV_O * 4), acc, np.int64(CV_P - 1), bias, mode))
         ca = np.int64(c.ctypes.data) + (item * o * m + b0 * 16 * m + p0) * 4
         for q in range(0, mp, 16):
             for v in range(nv):

@@ -60,6 +60,18 @@ def test_gemm_cv(nb, o, k, m, split, serial):
             np.testing.assert_allclose(c[i], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
 
 
+def test_five_tiles_cover_the_pixels_exactly():
+    """Tiles of 6 then _five_tiles(mp) tiles of 5 cover mp pixels with none to spare wherever
+    some such cover exists (by brute force); else it is 0 (the last tile of 6 runs short)."""
+    for mp in range(1, 400):
+        five = kcv._five_tiles(mp)
+        covers = [b for b in range(mp // 5 + 1) if (mp - 5 * b) % 6 == 0]
+        if covers:
+            assert five == min(covers), mp
+        else:
+            assert five == 0, mp
+
+
 @needs_fma
 def test_pack_is_vector_major():
     """pack: vector v's row k holds channels 16v..16v+15 at input k, zeros past o, on a line."""
