@@ -158,6 +158,8 @@ class Engine:
         import_numba_math()
         from pocket.infer import routes
         from pocket.infer.lowering import PREPARE, chained_linears, fusable_pools, no_prep, padded_pairs
+        from pocket.infer.lowering_vision import gated_convs
+        from pocket.infer.routes import ROUTES
 
         self._spinning, self._pinned = pools.spin_policy(self.graph, self._sample, self._want_threads)
         self._sgemm = None  # where BLAS runs on the calling thread: its GEMMs split by Numba's
@@ -175,6 +177,9 @@ class Engine:
         ctx.pool_after = self._pool_after = fusable_pools(ctx)
         ctx.chained = self._chained = chained_linears(ctx)
         ctx.pad_after = self._pad_after = padded_pairs(ctx)
+        ctx.gated = self._gated = gated_convs(ctx)
+        for conv_step, _ in self._gated.values():
+            ROUTES["conv_fma_1x1"].gate_scratch(self._prep[conv_step], self.max_batch)
         self._plan_arena()
         self._planned, self._interpret_left = True, 0.0
         g = self.graph
@@ -347,6 +352,12 @@ class Engine:
             if at is not None:
                 # a view of its input: readers read the input's bytes (its lifetime grows)
                 root[out], sub[out] = root[node.inputs[0]], sub.get(node.inputs[0], 0) + at
+            elif step in self._gated:
+                # a gate the next conv takes into its weights: it reads the gated map itself
+                big = node.inputs[self._gated[step][1]]
+                root[out] = root[big]
+                if big in sub:
+                    sub[out] = sub[big]
             elif node.op in ALIAS_OPS:
                 if node.inputs[0] not in root:
                     raise EngineError(f"node '{node.name}': {node.op} of a param is not supported")
@@ -369,6 +380,9 @@ class Engine:
         for a_step, b_step in self._pad_after.items():
             # a conv that writes the next one's padded images while it still reads its own
             buffers[f"#scratch{b_step}"].first = a_step
+        for step, (conv_step, big) in self._gated.items():
+            gate = buffers[root[g.nodes[step].inputs[1 - big]]]  # read by the conv's weights
+            gate.last = max(gate.last, conv_step)
         for step, (_, nbytes) in self._chained.items():
             # the value in the next linear's packed layout: whole tiles of columns
             out = buffers[root[g.nodes[step].outputs[0]]]

@@ -6,6 +6,7 @@ as floats (one compiled twin per dtype).
 
 from __future__ import annotations
 
+import numpy as np
 from numba import prange
 
 from pocket.infer.jit import kernel
@@ -35,6 +36,19 @@ def mul_rows(out, x, s):
         si = s[i]
         for j in range(p):
             out[i, j] = x[i, j] * si
+
+
+@kernel
+def gate_weights(out, w, s):
+    """out (N, O, K) = w (O, K) * s (N, K): a 1x1 conv's weights times image i's gate of each
+    input channel (see lowering_vision.gated_convs), float32 products."""
+    n, o, k = out.shape
+    of, wf, sf = out.reshape(-1), w.reshape(-1), s.reshape(-1)
+    for t in prange(n * o):
+        dst, src, g = np.uint64(t * k), np.uint64(t % o * k), np.uint64(t // o * k)
+        for j in range(k):
+            u = np.uint64(j)
+            of[dst + u] = wf[src + u] * sf[g + u]
 
 
 @kernel

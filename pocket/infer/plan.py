@@ -76,6 +76,7 @@ class PlanContext:
     pool_after: dict[int, int] = field(default_factory=dict)  # {conv step: fused maxpool step}
     chained: dict[int, tuple[int, int]] = field(default_factory=dict)  # routes.linear_chain
     pad_after: dict[int, int] = field(default_factory=dict)  # routes.conv_fma_pitch.padded_pairs
+    gated: dict[int, tuple[int, int]] = field(default_factory=dict)  # lowering_vision.gated_convs
     skip: set[int] = field(default_factory=set)
     parallel: Callable[[int], bool] = field(default=lambda work: False)
     # the same for an element-wise kernel whose largest array has this many elements

@@ -60,6 +60,8 @@ def test_mul_kernels_against_numpy(shape_a, shape_b):
     out = np.empty(want.shape, np.float32)
 
     class Ctx:
+        gated = {}  # (no gate taken into a conv's weights: lowering_vision.gated_convs)
+
         def view(self, v, n):
             return {"a": a, "b": b, "y": out}[v]
 

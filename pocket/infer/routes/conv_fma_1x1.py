@@ -22,6 +22,7 @@ import numpy as np
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fma_cv as kcv
 from pocket.infer import kernels_fp32 as kf
+from pocket.infer import kernels_vision as kv
 from pocket.infer.lowering_common import (
     _EMPTY_F32,
     _act_alpha,
@@ -30,6 +31,7 @@ from pocket.infer.lowering_common import (
     register_bias,
     register_epi,
 )
+from pocket.infer.lowering_vision import gate_of
 from pocket.infer.routes.base import Route, conv_prep, prepared, register
 from pocket.infer.routes.conv_fma_cols import fma_limits
 from pocket.infer.routes.linear_fma import FMA_LINEAR_ROWS
@@ -57,6 +59,13 @@ class ConvFma1x1(Route):
             d["scratch_bytes"] = parts * kcv.scratch_floats(d["p"], d["cv_split"][0]) * 4
         return d
 
+    @staticmethod
+    def gate_scratch(d: dict, max_batch: int) -> None:
+        """Room in the conv's scratch for its gated weights (lowering_vision.gated_convs), at
+        d["gate_at"]: up to max_batch images' worth."""
+        d["gate_at"] = -(-d.get("scratch_bytes", 0) // 64) * 64
+        d["scratch_bytes"] = d["gate_at"] + max_batch * d["o"] * d["k"] * 4
+
     def bind(self, ctx, step, node, d, n, pool=None):
         a = node.attrs
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
@@ -70,6 +79,8 @@ class ConvFma1x1(Route):
             return [partial(kfma.gemv, y2, x2, d["w2"], _EMPTY_F32, 0),
                     partial(kf.bias_act_rows, y2, y2, d["b"], act, alpha)]
         epi = register_epi(act, alpha)
+        gate = gate_of(ctx, step)
+        s = None if gate is None else ctx.view(gate, n).reshape(n, k)
         if "cv_parts" in d:
             wp = prepared(d, "wp", lambda: kcv.pack(d["w2"]))
             bp = prepared(d, "bp", lambda: kcv.pad_bias(d["b_reg"], o))
@@ -78,8 +89,13 @@ class ConvFma1x1(Route):
             calls = [partial(kcv.gemm_cv, y.reshape(n, o, p), wp, x.reshape(n, k, p), n, o, p, bp,
                              1 if epi is None else epi, groups, splits, scratch)]
         else:
-            calls = [partial(kfma.gemm, y.reshape(n, o, p), d["w2"], x.reshape(n, k, p), d["offs"], n,
-                             o, p, k * p, 0, k, o * p, p, d["b_reg"], 1 if epi is None else epi)]
+            w, ws = d["w2"], 0
+            calls = []
+            if s is not None:  # image i's weights at w.flat[i * o * k] (gemm's ws)
+                wg = ctx.scratch(step, np.float32, (n, o, k), d["gate_at"])
+                calls, w, ws = [partial(kv.gate_weights, wg, d["w2"], s)], wg.reshape(n * o, k), o * k
+            calls.append(partial(kfma.gemm, y.reshape(n, o, p), w, x.reshape(n, k, p), d["offs"], n, o, p,
+                                 k * p, ws, k, o * p, p, d["b_reg"], 1 if epi is None else epi))
         if epi is None:  # an activation the GEMM's registers do not do: one pass, in place
             flat = y.reshape(-1)
             calls.append(partial(kf.unary, flat, flat, act, alpha))
