@@ -126,6 +126,30 @@ def test_small_maps_take_gemm_cv(tmp_path, hw, cv):
         matches_reference(path, x, got, False)
 
 
+@needs_fma
+def test_small_map_3x3_takes_gemm_cv_on_one_thread(tmp_path):
+    """A 3x3 conv on a 7x7 map (conv_fma_cols: im2col, then the GEMM) runs gemm_cv over
+    columns of exactly 49 pixels at batch 1 on one thread, kernels_fma.gemm on two threads
+    and at batch 2 (two images a chunk); each matches the reference."""
+    from models import Builder, matches_reference, save_model
+
+    from pocket.infer.engine import Engine
+
+    rng = np.random.default_rng(15)
+    b = Builder((96, 7, 7), rng)
+    b.conv(96, 160, 3, padding=[1, 1], activation="relu")
+    path = tmp_path / "c3.bin"
+    save_model(path, b.graph(), b.params, None)
+    for threads, n, cv in ((1, 1, True), (2, 1, False), (1, 2, False)):
+        x = rng.standard_normal((n, 96, 7, 7)).astype(np.float32)
+        with Engine(path, max_batch=2, threads=threads) as eng:
+            eng._arena.fill(255)
+            got = eng.run(x, copy=True)
+            names = [c.func.__name__ for c in eng._bound[n].calls]
+            assert any(s.startswith("gemm_cv") for s in names) == cv, (threads, n, names)
+        matches_reference(path, x, got, False)
+
+
 def test_call_work_counts_the_multiply_adds():
     """The engine's serial/parallel choice (pools.call_work) measures gemm_cv as it measures
     kernels_fma.gemm over the same conv (counted as an element-wise kernel, MobileNetV3's 96 x

@@ -9,6 +9,7 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_fma as kfma
+from pocket.infer import kernels_fma_cv as kcv
 from pocket.infer import kernels_fma_pool as kfp
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import lowering_common as lc
@@ -21,7 +22,7 @@ from pocket.infer.lowering_common import (
     register_bias,
     register_epi,
 )
-from pocket.infer.routes.base import Route, conv_prep, register
+from pocket.infer.routes.base import Route, conv_prep, prepared, register
 
 # On two or more threads an im2col conv with this many columns a chunk (batch 1 on 6x6 to
 # 11x11 maps) runs its GEMM as two over the halves of K, then adds them: split by output
@@ -60,6 +61,13 @@ class ConvFmaCols(Route):
         # (two results while the GEMM runs over the halves of K)
         halves_cols = 2 * min(cols, FMA_KSPLIT_COLS[1])
         d["scratch_bytes"] = _aligned(k * cols * 4) + _aligned(o * max(cols, halves_cols) * 4)
+        # NOTE: one thread only: on two, each core's half of the channels read all of im2col's
+        # rows, half of them written by the other core, a few floats a row at a time
+        # (SqueezeNet's 192 x 432 @ 169: 112 -> 143 us; on one thread 177 -> 163)
+        if max(1, ctx.threads) == 1 and kcv.pays(o, k, p, 1):  # (one image a chunk: see bind)
+            d["cv_parts"], d["cv_split"] = 1, (1, 1)
+            cv_bytes = kcv.scratch_floats(p, 1) * 4
+            d["scratch_bytes"] = max(d["scratch_bytes"], _aligned(k * cols * 4) + cv_bytes)
         return d
 
     def bind(self, ctx, step, node, d, n, pool=None):
@@ -87,6 +95,20 @@ class ConvFmaCols(Route):
             # the last P % 16 pixels masked), no epilogue pass (EfficientNet-B0's stem: a
             # SiLU pass over 32 x 112 x 112)
             epi = register_epi(act, alpha)
+            if m == 1 and halves == 1 and pool is None and epi is not None and "cv_parts" in d:
+                # a small map's pixels fill vectors of 16 badly: the GEMM along the channels
+                # (kernels_fma_cv), over columns of exactly P pixels (ResNet-18's 512 x 4608 @
+                # 49, one thread: 1.77 -> 1.66 ms, its weights from memory each call)
+                groups, splits = d["cv_split"]
+                compact = ctx.scratch(step, np.float32, (k, p))
+                scratch = ctx.scratch(step, np.float32, (d["cv_parts"], kcv.scratch_floats(p, groups)),
+                                      _aligned(k * kfma.tile_cols(d["chunk"] * p) * 4))
+                wp = prepared(d, "wp", lambda: kcv.pack(d["w2"]))
+                bp = prepared(d, "bp", lambda: kcv.pad_bias(d["b_reg"], o))
+                calls += [_im2col(compact, xs, geom, np.float32(0), 0, p),
+                          partial(kcv.gemm_cv, ys, wp, compact.reshape(1, k, p), 1, o, p, bp, epi, groups,
+                                  splits, scratch)]
+                continue
             if m == 1 and halves == 1 and pool is None and epi is not None:
                 # NOTE: this GEMM reads only the P columns (the last ones masked): the
                 # columns past them need no zeros (SqueezeNet's 13x13 convs zeroed 7 x 432
