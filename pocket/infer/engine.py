@@ -157,7 +157,14 @@ class Engine:
         """Import the kernels, prepare every node and lay out the arena (once)."""
         import_numba_math()
         from pocket.infer import routes
-        from pocket.infer.lowering import PREPARE, chained_linears, fusable_pools, no_prep, padded_pairs
+        from pocket.infer.lowering import (
+            PREPARE,
+            chained_linears,
+            fusable_pools,
+            fused_add_relus,
+            no_prep,
+            padded_pairs,
+        )
         from pocket.infer.lowering_vision import gated_convs
         from pocket.infer.routes import ROUTES
 
@@ -178,6 +185,7 @@ class Engine:
         ctx.chained = self._chained = chained_linears(ctx)
         ctx.pad_after = self._pad_after = padded_pairs(ctx)
         ctx.gated = self._gated = gated_convs(ctx)
+        ctx.add_relu = self._add_relu = fused_add_relus(ctx)
         for conv_step, _ in self._gated.values():
             ROUTES["conv_fma_1x1"].gate_scratch(self._prep[conv_step], self.max_batch)
         self._plan_arena()
@@ -334,6 +342,7 @@ class Engine:
         g = self.graph
         root: dict[str, str] = {name: name for name in g.inputs}
         buffers: dict[str, _Buffer] = {}
+        self._relu_fused = set(self._add_relu.values())
         sub: dict[str, int] = {}
 
         def nbytes(v: str) -> int:
@@ -352,6 +361,10 @@ class Engine:
             if at is not None:
                 # a view of its input: readers read the input's bytes (its lifetime grows)
                 root[out], sub[out] = root[node.inputs[0]], sub.get(node.inputs[0], 0) + at
+            elif step in self._relu_fused:
+                root[out] = root[node.inputs[0]]  # written by the add before it (fused_add_relus)
+                if node.inputs[0] in sub:
+                    sub[out] = sub[node.inputs[0]]
             elif step in self._gated:
                 # a gate the next conv takes into its weights: it reads the gated map itself
                 big = node.inputs[self._gated[step][1]]

@@ -424,6 +424,14 @@ def add(out, a, b):
 
 
 @kernel
+def add_relu(out, a, b):
+    """out (M,) = relu(a (M,) + b (M,)): a residual add and the ReLU after it in one pass
+    (lowering.fused_add_relus); the float32 sum rounded once, then relu's max (NaN kept)."""
+    for i in prange(out.shape[0]):
+        out[i] = relu(a[i] + b[i])
+
+
+@kernel
 def softmax(out, x):
     """x (A, L, B) -> out (A, L, B), softmax along L, max-shifted, summed in float64."""
     a, l, b = x.shape
