@@ -165,6 +165,7 @@ class Engine:
             no_prep,
             padded_pairs,
         )
+        from pocket.infer.lowering_block import fusable_blocks, psum_bytes
         from pocket.infer.lowering_vision import gated_convs
         from pocket.infer.routes import ROUTES
 
@@ -186,6 +187,11 @@ class Engine:
         ctx.pad_after = self._pad_after = padded_pairs(ctx)
         ctx.gated = self._gated = gated_convs(ctx)
         ctx.add_relu = self._add_relu = fused_add_relus(ctx)
+        ctx.blocks = self._blocks = fusable_blocks(ctx) if ctx.cpu.fma else {}
+        for e in self._blocks:  # the block's partial sums after the expand conv's own scratch
+            d = self._prep[e]
+            d["block_at"] = -(-d.get("scratch_bytes", 0) // ALIGN) * ALIGN
+            d["scratch_bytes"] = d["block_at"] + psum_bytes(ctx, e)
         for conv_step, _ in self._gated.values():
             ROUTES["conv_fma_1x1"].gate_scratch(self._prep[conv_step], self.max_batch)
         self._plan_arena()
@@ -343,6 +349,7 @@ class Engine:
         root: dict[str, str] = {name: name for name in g.inputs}
         buffers: dict[str, _Buffer] = {}
         self._relu_fused = set(self._add_relu.values())
+        from pocket.infer.lowering_block import block_steps
         sub: dict[str, int] = {}
 
         def nbytes(v: str) -> int:
@@ -393,6 +400,14 @@ class Engine:
         for a_step, b_step in self._pad_after.items():
             # a conv that writes the next one's padded images while it still reads its own
             buffers[f"#scratch{b_step}"].first = a_step
+        for e, (dw, _, _) in self._blocks.items():
+            # at batch 1 the expand step writes the block's maps, its partial sums and its end
+            last, end = block_steps(self._ctx, e)
+            for v in (g.nodes[e].outputs[0], g.nodes[dw].outputs[0]):
+                buffers[root[v]].first = min(buffers[root[v]].first, e)
+                buffers[root[v]].last = max(buffers[root[v]].last, last)
+            buffers[root[end]].first = min(buffers[root[end]].first, e)
+            buffers[f"#scratch{e}"].last = max(buffers[f"#scratch{e}"].last, last)
         for step, (conv_step, big) in self._gated.items():
             gate = buffers[root[g.nodes[step].inputs[1 - big]]]  # read by the conv's weights
             gate.last = max(gate.last, conv_step)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pocket.formats.ir import Node
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import routes
+from pocket.infer.lowering_block import bind_block
 from pocket.infer.lowering_common import _pool_geom
 from pocket.infer.plan import PlanContext
 from pocket.infer.routes.base import route_at, route_of
@@ -41,6 +42,8 @@ def fusable_pools(ctx: PlanContext) -> dict[int, int]:
 
 
 def _b_conv2d(ctx: PlanContext, step: int, node: Node, n: int) -> list:
+    if n == 1 and step in ctx.blocks:  # an inverted residual block as one call (lowering_block)
+        return bind_block(ctx, step, ctx.prep[step]["block_at"])
     route, d = route_at(ctx, step, n)
     # a fused maxpool: the conv writes the pooled output; its own output buffer goes unused
     pool = None

@@ -78,6 +78,7 @@ class PlanContext:
     pad_after: dict[int, int] = field(default_factory=dict)  # routes.conv_fma_pitch.padded_pairs
     gated: dict[int, tuple[int, int]] = field(default_factory=dict)  # lowering_vision.gated_convs
     add_relu: dict[int, int] = field(default_factory=dict)  # lowering.fused_add_relus
+    blocks: dict[int, tuple] = field(default_factory=dict)  # lowering_block.fusable_blocks
     skip: set[int] = field(default_factory=set)
     parallel: Callable[[int], bool] = field(default=lambda work: False)
     # the same for an element-wise kernel whose largest array has this many elements

@@ -158,6 +158,7 @@ SPIN_ELEMENT_WORK = 64
 def call_work(call: partial, spinning: bool = False) -> int:
     """A bound call's work, for the serial/parallel choice (see engine._PARALLEL_WORK)."""
     from pocket.infer import kernels_fma as kfma
+    from pocket.infer import kernels_fma_block as kb
     from pocket.infer import kernels_fma_cv as kcv
     from pocket.infer import kernels_fma_dw as kfd
     from pocket.infer import kernels_fma_dwcv as kdc
@@ -186,6 +187,8 @@ def call_work(call: partial, spinning: bool = False) -> int:
     # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
     if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
+    if call.func is kb.block_parts:  # psum (parts, C3, P), e (C1, P), d, x (K, P): its two GEMMs
+        return 4 * call.args[1].size * (call.args[3].shape[0] + call.args[0].shape[1])
     if call.func is kfl.gemm_t:  # one GEMM of (o, K) @ (K, m)
         return 4 * call.args[5] * call.args[6] * call.args[4].shape[0]
     if call.func is kcv.gemm_cv:  # nb GEMMs of (o, K) @ (K, m), W packed (vectors, K, 16)

@@ -1,0 +1,110 @@
+"""Inverted residual blocks on small maps as one parallel call (kernels_fma_block): which
+expand -> depthwise -> project (-> residual add) chains fuse, and their calls at batch 1.
+
+The IR keeps every node; at batch 1 the expand conv's builder binds the block's two calls and
+skips the other nodes, and the engine keeps the block's maps live across its steps (their bytes
+are written at the expand step). Other batch sizes run the nodes one by one, as before.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+
+from pocket.infer import kernels_fma_block as kb
+from pocket.infer.lowering_common import _act_alpha, _act_code, register_epi
+from pocket.infer.plan import PlanContext
+
+_NO_RESIDUAL = np.zeros((0, 1), np.float32)
+
+
+def _one_reader(ctx: PlanContext, value: str) -> int | None:
+    readers = ctx.readers.get(value, [])
+    return readers[0] if len(readers) == 1 and value not in ctx.graph.outputs else None
+
+
+def _pointwise(ctx: PlanContext, step: int) -> bool:
+    """A 1x1 conv on kernels_fma.gemm (not kernels_fma_cv, no gate in its weights)."""
+    d = ctx.prep[step]
+    return (d.get("route") == "conv_fma_1x1" and "cv_parts" not in d and d["p"] > 1
+            and all(conv != step for conv, _ in ctx.gated.values()))
+
+
+def fusable_blocks(ctx: PlanContext) -> dict[int, tuple[int, int, int | None]]:
+    """{expand step: (depthwise step, project step, add step or None)} for each chain of a 1x1
+    conv with an activation the GEMM's registers do, a 3x3 depthwise conv on kernels_fma_dw's
+    flat kernel (small maps, stride 1, "same" padding), a 1x1 conv with no activation and,
+    where the project's only reader is one, a float32 add of the same shape (the residual),
+    each value read by the next node alone."""
+    blocks = {}
+    g = ctx.graph
+    for e, node in enumerate(g.nodes):
+        if node.op != "conv2d" or not _pointwise(ctx, e) or e in ctx.pool_after:
+            continue
+        if register_epi(_act_code(node.attrs), _act_alpha(node.attrs)) is None:
+            continue
+        dw = _one_reader(ctx, node.outputs[0])
+        if dw is None or g.nodes[dw].op != "conv2d" or g.nodes[dw].inputs[0] != node.outputs[0]:
+            continue
+        d2 = ctx.prep[dw]
+        if d2.get("route") != "conv_fma_depthwise" or "masks" not in d2 or dw in ctx.pool_after:
+            continue
+        proj = _one_reader(ctx, g.nodes[dw].outputs[0])
+        if (proj is None or g.nodes[proj].op != "conv2d" or g.nodes[proj].inputs[0] != g.nodes[dw].outputs[0]
+                or not _pointwise(ctx, proj) or _act_code(g.nodes[proj].attrs) != 0
+                or proj in ctx.pool_after):
+            continue
+        add = _one_reader(ctx, g.nodes[proj].outputs[0])
+        if add is not None:
+            a = g.nodes[add]
+            if (a.op != "add" or add in ctx.add_relu or ctx.infos[a.outputs[0]].dtype != "f32"
+                    or any(v in ctx.params or ctx.sample[v] != ctx.sample[a.outputs[0]] for v in a.inputs)):
+                add = None
+        blocks[e] = (dw, proj, add)
+    return blocks
+
+
+def block_steps(ctx: PlanContext, e: int) -> tuple[int, str]:
+    """The last step of block e and the value it ends with (the add's, or the project's)."""
+    dw, proj, add = ctx.blocks[e]
+    last = add if add is not None else proj
+    return last, ctx.graph.nodes[last].outputs[0]
+
+
+def psum_bytes(ctx: PlanContext, e: int) -> int:
+    """The block's partial sums, one part a thread of the engine's as it plans (at most that
+    many parts later: bind_block)."""
+    proj = ctx.blocks[e][1]
+    ctx.prep[e]["block_parts"] = max(1, ctx.threads)
+    return ctx.prep[e]["block_parts"] * ctx.prep[proj]["o"] * ctx.prep[proj]["p"] * 4
+
+
+def bind_block(ctx: PlanContext, e: int, at: int) -> list:
+    """Block e's two calls at batch 1 (its partial sums `at` bytes into the expand's scratch);
+    the other steps of the block go to ctx.skip."""
+    g = ctx.graph
+    dw, proj, add = ctx.blocks[e]
+    ctx.skip.update(s for s in (dw, proj, add) if s is not None)
+    d1, d2, d3 = ctx.prep[e], ctx.prep[dw], ctx.prep[proj]
+    k, c1, c3, m = d1["k"], d1["o"], d3["o"], d1["p"]
+    x = ctx.view(g.nodes[e].inputs[0], 1).reshape(k, m)
+    ev = ctx.view(g.nodes[e].outputs[0], 1).reshape(c1, m)
+    dv = ctx.view(g.nodes[dw].outputs[0], 1)
+    out = ctx.view(block_steps(ctx, e)[1], 1).reshape(c3, m)
+    res = _NO_RESIDUAL
+    if add is not None:
+        pv = g.nodes[proj].outputs[0]
+        other = [v for v in g.nodes[add].inputs if v != pv] or [pv]
+        res = ctx.view(other[0], 1).reshape(c3, m)
+    a1, a2 = g.nodes[e].attrs, g.nodes[dw].attrs
+    epi1 = register_epi(_act_code(a1), _act_alpha(a1))
+    epi2 = register_epi(_act_code(a2), _act_alpha(a2))
+    work = 4 * m * c1 * (k + c3)  # (pools.call_work's measure of kernels_fma.gemm)
+    parts = min(max(1, ctx.threads), d1["block_parts"]) if ctx.parallel(work) else 1
+    psum = ctx.scratch(e, np.float32, (parts, c3, m), at)
+    _, _, _, _, ph, pw, _, _ = d2["geom"]
+    return [partial(kb.block_parts, psum, ev, dv, x, d1["w2"], d1["b_reg"], epi1, d1["offs"], d2["w"],
+                    d2["b"], d2["masks"], ph, pw, -1 if epi2 is None else epi2 - 1, _act_code(a2),
+                    _act_alpha(a2), d3["w2"], d3["offs"]),
+            partial(kb.block_sum, out, psum, d3["b_reg"], res)]
