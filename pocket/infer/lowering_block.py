@@ -1,5 +1,5 @@
-"""Inverted residual blocks on small maps as one parallel call (kernels_fma_block): which
-expand -> depthwise -> project (-> residual add) chains fuse, and their calls at batch 1.
+"""Inverted residual blocks as one parallel call (kernels_fma_block): which expand ->
+depthwise -> project (-> residual add) chains fuse, and their calls at batch 1.
 
 The IR keeps every node; at batch 1 the expand conv's builder binds the block's two calls and
 skips the other nodes, and the engine keeps the block's maps live across its steps (their bytes
@@ -17,6 +17,8 @@ from pocket.infer.lowering_common import _act_alpha, _act_code, register_epi
 from pocket.infer.plan import PlanContext
 
 _NO_RESIDUAL = np.zeros((0, 1), np.float32)
+_NO_ROWS = np.zeros((0, 1), np.float32)  # (the flat depthwise kernel: no row scratch)
+_NO_MASKS = np.zeros((0, 1), np.int64)  # (the row kernels: no masks)
 
 
 def _one_reader(ctx: PlanContext, value: str) -> int | None:
@@ -33,8 +35,8 @@ def _pointwise(ctx: PlanContext, step: int) -> bool:
 
 def fusable_blocks(ctx: PlanContext) -> dict[int, tuple[int, int, int | None]]:
     """{expand step: (depthwise step, project step, add step or None)} for each chain of a 1x1
-    conv with an activation the GEMM's registers do, a 3x3 depthwise conv on kernels_fma_dw's
-    flat kernel (small maps, stride 1, "same" padding), a 1x1 conv with no activation and,
+    conv with an activation the GEMM's registers do, a depthwise conv on kernels_fma_dw's flat
+    or row kernels (not kernels_fma_dwcv), a 1x1 conv with no activation and,
     where the project's only reader is one, a float32 add of the same shape (the residual),
     each value read by the next node alone."""
     blocks = {}
@@ -48,7 +50,8 @@ def fusable_blocks(ctx: PlanContext) -> dict[int, tuple[int, int, int | None]]:
         if dw is None or g.nodes[dw].op != "conv2d" or g.nodes[dw].inputs[0] != node.outputs[0]:
             continue
         d2 = ctx.prep[dw]
-        if d2.get("route") != "conv_fma_depthwise" or "masks" not in d2 or dw in ctx.pool_after:
+        if (d2.get("route") != "conv_fma_depthwise" or not ("masks" in d2 or "row" in d2)
+                or dw in ctx.pool_after):
             continue
         proj = _one_reader(ctx, g.nodes[dw].outputs[0])
         if (proj is None or g.nodes[proj].op != "conv2d" or g.nodes[proj].inputs[0] != g.nodes[dw].outputs[0]
@@ -73,11 +76,12 @@ def block_steps(ctx: PlanContext, e: int) -> tuple[int, str]:
 
 
 def psum_bytes(ctx: PlanContext, e: int) -> int:
-    """The block's partial sums, one part a thread of the engine's as it plans (at most that
-    many parts later: bind_block)."""
-    proj = ctx.blocks[e][1]
-    ctx.prep[e]["block_parts"] = max(1, ctx.threads)
-    return ctx.prep[e]["block_parts"] * ctx.prep[proj]["o"] * ctx.prep[proj]["p"] * 4
+    """The block's partial sums and the depthwise row kernels' rows, one part a thread of the
+    engine's as it plans (at most that many parts later: bind_block)."""
+    dw, proj, _ = ctx.blocks[e]
+    parts = ctx.prep[e]["block_parts"] = max(1, ctx.threads)
+    sums = -(-parts * ctx.prep[proj]["o"] * ctx.prep[proj]["p"] * 4 // 64) * 64
+    return sums + parts * ctx.prep[dw].get("row", 0) * 4
 
 
 def bind_block(ctx: PlanContext, e: int, at: int) -> list:
@@ -87,24 +91,29 @@ def bind_block(ctx: PlanContext, e: int, at: int) -> list:
     dw, proj, add = ctx.blocks[e]
     ctx.skip.update(s for s in (dw, proj, add) if s is not None)
     d1, d2, d3 = ctx.prep[e], ctx.prep[dw], ctx.prep[proj]
-    k, c1, c3, m = d1["k"], d1["o"], d3["o"], d1["p"]
+    k, c1, c3, m, m2 = d1["k"], d1["o"], d3["o"], d1["p"], d3["p"]
     x = ctx.view(g.nodes[e].inputs[0], 1).reshape(k, m)
-    ev = ctx.view(g.nodes[e].outputs[0], 1).reshape(c1, m)
+    ev = ctx.view(g.nodes[e].outputs[0], 1)
     dv = ctx.view(g.nodes[dw].outputs[0], 1)
-    out = ctx.view(block_steps(ctx, e)[1], 1).reshape(c3, m)
+    out = ctx.view(block_steps(ctx, e)[1], 1).reshape(c3, m2)
     res = _NO_RESIDUAL
     if add is not None:
         pv = g.nodes[proj].outputs[0]
         other = [v for v in g.nodes[add].inputs if v != pv] or [pv]
-        res = ctx.view(other[0], 1).reshape(c3, m)
+        res = ctx.view(other[0], 1).reshape(c3, m2)
     a1, a2 = g.nodes[e].attrs, g.nodes[dw].attrs
     epi1 = register_epi(_act_code(a1), _act_alpha(a1))
     epi2 = register_epi(_act_code(a2), _act_alpha(a2))
-    work = 4 * m * c1 * (k + c3)  # (pools.call_work's measure of kernels_fma.gemm)
+    work = 4 * c1 * (m * k + m2 * c3)  # (pools.call_work's measure of kernels_fma.gemm)
     parts = min(max(1, ctx.threads), d1["block_parts"]) if ctx.parallel(work) else 1
-    psum = ctx.scratch(e, np.float32, (parts, c3, m), at)
-    _, _, _, _, ph, pw, _, _ = d2["geom"]
+    psum = ctx.scratch(e, np.float32, (parts, c3, m2), at)
+    if "row" in d2:  # the row kernels' rows after the sums (psum_bytes)
+        sums = -(-d1["block_parts"] * c3 * m2 * 4 // 64) * 64
+        rows, masks = ctx.scratch(e, np.float32, (parts, d2["row"]), at + sums), _NO_MASKS
+    else:
+        rows, masks = _NO_ROWS, d2["masks"]
+    _, _, sh, _, ph, pw, _, _ = d2["geom"]
     return [partial(kb.block_parts, psum, ev, dv, x, d1["w2"], d1["b_reg"], epi1, d1["offs"], d2["w"],
-                    d2["b"], d2["masks"], ph, pw, -1 if epi2 is None else epi2 - 1, _act_code(a2),
+                    d2["b"], masks, rows, sh, ph, pw, -1 if epi2 is None else epi2 - 1, _act_code(a2),
                     _act_alpha(a2), d3["w2"], d3["offs"]),
             partial(kb.block_sum, out, psum, d3["b_reg"], res)]

@@ -187,8 +187,9 @@ def call_work(call: partial, spinning: bool = False) -> int:
     # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
     if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
-    if call.func is kb.block_parts:  # psum (parts, C3, P), e (C1, P), d, x (K, P): its two GEMMs
-        return 4 * call.args[1].size * (call.args[3].shape[0] + call.args[0].shape[1])
+    if call.func is kb.block_parts:  # psum (parts, C3, P2), e (1, C1, H, W), d, x (K, H*W): 2 GEMMs
+        psum, e, x = call.args[0], call.args[1], call.args[3]
+        return 4 * e.size * x.shape[0] + 4 * psum.shape[1] * psum.shape[2] * e.shape[1]
     if call.func is kfl.gemm_t:  # one GEMM of (o, K) @ (K, m)
         return 4 * call.args[5] * call.args[6] * call.args[4].shape[0]
     if call.func is kcv.gemm_cv:  # nb GEMMs of (o, K) @ (K, m), W packed (vectors, K, 16)

@@ -19,15 +19,16 @@ needs_fma = pytest.mark.skipif(not kfma.AVAILABLE, reason="this CPU has no AVX-5
 S1 = {"stride": [1, 1], "dilation": [1, 1]}
 
 
-def _block(rng, c, hw, t, o, *, residual=True, act="clip", dw_act="clip", project_act="none"):
-    """A 1x1 conv c -> t, a 3x3 depthwise conv, a 1x1 conv t -> o (+ the block's input)."""
+def _block(rng, c, hw, t, o, *, residual=True, act="clip", dw_act="clip", project_act="none", k=3, stride=1):
+    """A 1x1 conv c -> t, a k x k depthwise conv, a 1x1 conv t -> o (+ the block's input)."""
     b = Builder((c, hw, hw), rng)
     b.conv(c, c, 1, padding=[0, 0], activation="relu", **S1)  # the block's input: computed
     inp = b.last
     extra = {"max": 6.0} if act == "clip" else {}
     b.conv(c, t, 1, padding=[0, 0], activation=act, **extra, **S1)
     extra = {"max": 6.0} if dw_act == "clip" else {}
-    b.conv(t, t, 3, groups=t, padding=[1, 1], activation=dw_act, **extra, **S1)
+    b.conv(t, t, k, groups=t, padding=[k // 2, k // 2], activation=dw_act, stride=[stride, stride],
+           dilation=[1, 1], **extra)
     b.conv(t, o, 1, padding=[0, 0], activation=project_act, **S1)
     if residual:
         b.op("add", inp)
@@ -40,16 +41,19 @@ def _names(eng, n):
 
 
 @needs_fma
-@pytest.mark.parametrize("case", [(16, 8, 96, 16, True, "clip", "clip"),
-                                  (24, 4, 144, 24, True, "relu", "none"),
-                                  (32, 7, 192, 24, False, "clip", "hardswish")])
+@pytest.mark.parametrize("case", [(16, 8, 96, 16, True, "clip", "clip", 3, 1),
+                                  (24, 4, 144, 24, True, "relu", "none", 3, 1),
+                                  (32, 7, 192, 24, False, "clip", "hardswish", 3, 1),
+                                  (8, 20, 48, 8, True, "clip", "clip", 3, 1),  # the row kernels
+                                  (8, 17, 48, 16, False, "relu", "relu", 3, 2),  # stride 2
+                                  (8, 20, 40, 8, True, "relu", "relu", 5, 1)])
 def test_the_block_runs_as_one_call(tmp_path, case):
     """At batch 1 the block binds block_parts + block_sum (no add, no depthwise call of its
     own), on one and two threads; batch 3 runs the nodes one by one. Each matches the
     reference, the arena starting as NaN."""
-    c, hw, t, o, residual, act, dw_act = case
+    c, hw, t, o, residual, act, dw_act, k, stride = case
     rng = np.random.default_rng(11)
-    b = _block(rng, c, hw, t, o, residual=residual, act=act, dw_act=dw_act)
+    b = _block(rng, c, hw, t, o, residual=residual, act=act, dw_act=dw_act, k=k, stride=stride)
     path = tmp_path / "blk.bin"
     save_model(path, b.graph(), b.params, None)
     for threads in (1, 2):
@@ -61,20 +65,20 @@ def test_the_block_runs_as_one_call(tmp_path, case):
                 names = _names(eng, n)
                 fused = n == 1
                 assert any(s.startswith("block_parts") for s in names) == fused, names
-                assert any(s.startswith("dw_conv_fma_flat") for s in names) != fused, names
+                assert any(s.startswith("dw_conv_fma") for s in names) != fused, names
                 matches_reference(path, x, got, False)
 
 
 @needs_fma
-@pytest.mark.parametrize("why", ["project_act", "big_map", "second_reader"])
+@pytest.mark.parametrize("why", ["project_act", "dwcv", "second_reader"])
 def test_chains_that_do_not_fuse(tmp_path, why):
-    """A project conv with an activation, a map past the flat depthwise kernel's, or the
-    expanded map read twice: the nodes run one by one."""
+    """A project conv with an activation, a depthwise conv on kernels_fma_dwcv (5x5 on a small
+    map), or the expanded map read twice: the nodes run one by one."""
     rng = np.random.default_rng(12)
     if why == "project_act":
         b = _block(rng, 16, 8, 64, 16, project_act="relu")
-    elif why == "big_map":
-        b = _block(rng, 16, 16, 64, 16)
+    elif why == "dwcv":
+        b = _block(rng, 16, 8, 64, 16, k=5)
     else:
         b = Builder((16, 8, 8), rng)
         b.conv(16, 64, 1, padding=[0, 0], activation="relu", **S1)
@@ -84,8 +88,7 @@ def test_chains_that_do_not_fuse(tmp_path, why):
         b.op("add", e)  # the expanded map read again
     path = tmp_path / "nf.bin"
     save_model(path, b.graph(), b.params, None)
-    hw = 16 if why == "big_map" else 8
-    x = rng.standard_normal((1, 16, hw, hw)).astype(np.float32)
+    x = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
     with Engine(path, max_batch=1, threads=1) as eng:
         got = eng.run(x, copy=True)
         assert not any(s.startswith("block_parts") for s in _names(eng, 1))
@@ -123,7 +126,8 @@ def test_block_kernels_against_the_three_calls(parts):
     e = np.full((c1, m), np.nan, np.float32)
     d = np.full((1, c1, h, h), np.nan, np.float32)
     out = np.full((c3, m), np.nan, np.float32)
-    kb.block_parts(psum, e, d, x, w1, b1, relu6, offs1, w2, b2, masks, 1, 1, relu6 - 1, 0, 0.0, w3, offs3)
+    kb.block_parts(psum, e.reshape(1, c1, h, h), d, x, w1, b1, relu6, offs1, w2, b2, masks,
+                   np.zeros((0, 1), np.float32), 1, 1, 1, relu6 - 1, 0, 0.0, w3, offs3)
     kb.block_sum(out, psum, b3, res)
     np.testing.assert_array_equal(e, e_ref[0])
     np.testing.assert_array_equal(d, d_ref)
