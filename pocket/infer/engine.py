@@ -165,7 +165,7 @@ class Engine:
             no_prep,
             padded_pairs,
         )
-        from pocket.infer.lowering_block import fusable_blocks, psum_bytes
+        from pocket.infer.lowering_block import fusable_blocks, reserve
         from pocket.infer.lowering_vision import gated_convs
         from pocket.infer.routes import ROUTES
 
@@ -188,10 +188,8 @@ class Engine:
         ctx.gated = self._gated = gated_convs(ctx)
         ctx.add_relu = self._add_relu = fused_add_relus(ctx)
         ctx.blocks = self._blocks = fusable_blocks(ctx) if ctx.cpu.fma else {}
-        for e in self._blocks:  # the block's partial sums after the expand conv's own scratch
-            d = self._prep[e]
-            d["block_at"] = -(-d.get("scratch_bytes", 0) // ALIGN) * ALIGN
-            d["scratch_bytes"] = d["block_at"] + psum_bytes(ctx, e)
+        for e in self._blocks:  # the block's sums and rows after the expand conv's own scratch
+            reserve(ctx, e)
         for conv_step, _ in self._gated.values():
             ROUTES["conv_fma_1x1"].gate_scratch(self._prep[conv_step], self.max_batch)
         self._plan_arena()
@@ -348,8 +346,12 @@ class Engine:
         g = self.graph
         root: dict[str, str] = {name: name for name in g.inputs}
         buffers: dict[str, _Buffer] = {}
-        self._relu_fused = set(self._add_relu.values())
         from pocket.infer.lowering_block import block_steps
+
+        # {step: the input whose bytes its output is}: a ReLU the add before it writes
+        # (fused_add_relus), a gate the conv after it takes into its weights (gated_convs)
+        laid_over = {relu: g.nodes[relu].inputs[0] for relu in self._add_relu.values()}
+        laid_over.update((step, g.nodes[step].inputs[big]) for step, (_, big) in self._gated.items())
         sub: dict[str, int] = {}
 
         def nbytes(v: str) -> int:
@@ -368,16 +370,11 @@ class Engine:
             if at is not None:
                 # a view of its input: readers read the input's bytes (its lifetime grows)
                 root[out], sub[out] = root[node.inputs[0]], sub.get(node.inputs[0], 0) + at
-            elif step in self._relu_fused:
-                root[out] = root[node.inputs[0]]  # written by the add before it (fused_add_relus)
-                if node.inputs[0] in sub:
-                    sub[out] = sub[node.inputs[0]]
-            elif step in self._gated:
-                # a gate the next conv takes into its weights: it reads the gated map itself
-                big = node.inputs[self._gated[step][1]]
-                root[out] = root[big]
-                if big in sub:
-                    sub[out] = sub[big]
+            elif step in laid_over:
+                src = laid_over[step]
+                root[out] = root[src]
+                if src in sub:
+                    sub[out] = sub[src]
             elif node.op in ALIAS_OPS:
                 if node.inputs[0] not in root:
                     raise EngineError(f"node '{node.name}': {node.op} of a param is not supported")

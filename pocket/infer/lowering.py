@@ -124,12 +124,12 @@ def fused_add_relus(ctx: PlanContext) -> dict[int, int]:
     fused = {}
     for step, node in enumerate(ctx.graph.nodes):
         out = node.outputs[0]
-        readers = ctx.readers.get(out, [])
-        if (node.op != "add" or len(readers) != 1 or out in ctx.graph.outputs
-                or ctx.graph.nodes[readers[0]].op != "relu" or ctx.infos[out].dtype != "f32"
+        relu = ctx.only_reader(out)
+        if (node.op != "add" or relu is None or ctx.graph.nodes[relu].op != "relu"
+                or ctx.infos[out].dtype != "f32"
                 or any(v in ctx.params or ctx.sample[v] != ctx.sample[out] for v in node.inputs)):
             continue
-        fused[step] = readers[0]
+        fused[step] = relu
     return fused
 
 

@@ -13,17 +13,12 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_fma_block as kb
-from pocket.infer.lowering_common import _act_alpha, _act_code, register_epi
+from pocket.infer.lowering_common import _act_alpha, _act_code, append_scratch, register_epi
 from pocket.infer.plan import PlanContext
 
 _NO_RESIDUAL = np.zeros((0, 1), np.float32)
 _NO_ROWS = np.zeros((0, 1), np.float32)  # (the flat depthwise kernel: no row scratch)
 _NO_MASKS = np.zeros((0, 1), np.int64)  # (the row kernels: no masks)
-
-
-def _one_reader(ctx: PlanContext, value: str) -> int | None:
-    readers = ctx.readers.get(value, [])
-    return readers[0] if len(readers) == 1 and value not in ctx.graph.outputs else None
 
 
 def _pointwise(ctx: PlanContext, step: int) -> bool:
@@ -46,19 +41,19 @@ def fusable_blocks(ctx: PlanContext) -> dict[int, tuple[int, int, int | None]]:
             continue
         if register_epi(_act_code(node.attrs), _act_alpha(node.attrs)) is None:
             continue
-        dw = _one_reader(ctx, node.outputs[0])
+        dw = ctx.only_reader(node.outputs[0])
         if dw is None or g.nodes[dw].op != "conv2d" or g.nodes[dw].inputs[0] != node.outputs[0]:
             continue
         d2 = ctx.prep[dw]
         if (d2.get("route") != "conv_fma_depthwise" or not ("masks" in d2 or "row" in d2)
                 or dw in ctx.pool_after):
             continue
-        proj = _one_reader(ctx, g.nodes[dw].outputs[0])
+        proj = ctx.only_reader(g.nodes[dw].outputs[0])
         if (proj is None or g.nodes[proj].op != "conv2d" or g.nodes[proj].inputs[0] != g.nodes[dw].outputs[0]
                 or not _pointwise(ctx, proj) or _act_code(g.nodes[proj].attrs) != 0
                 or proj in ctx.pool_after):
             continue
-        add = _one_reader(ctx, g.nodes[proj].outputs[0])
+        add = ctx.only_reader(g.nodes[proj].outputs[0])
         if add is not None:
             a = g.nodes[add]
             if (a.op != "add" or add in ctx.add_relu or ctx.infos[a.outputs[0]].dtype != "f32"
@@ -75,18 +70,20 @@ def block_steps(ctx: PlanContext, e: int) -> tuple[int, str]:
     return last, ctx.graph.nodes[last].outputs[0]
 
 
-def psum_bytes(ctx: PlanContext, e: int) -> int:
-    """The block's partial sums and the depthwise row kernels' rows, one part a thread of the
-    engine's as it plans (at most that many parts later: bind_block)."""
+def reserve(ctx: PlanContext, e: int) -> None:
+    """Room in the expand conv's scratch for block e's partial sums and the depthwise row
+    kernels' rows (block_at, rows_at), one part a thread of the engine's as it plans (at most
+    that many parts later: bind_block)."""
     dw, proj, _ = ctx.blocks[e]
-    parts = ctx.prep[e]["block_parts"] = max(1, ctx.threads)
-    sums = -(-parts * ctx.prep[proj]["o"] * ctx.prep[proj]["p"] * 4 // 64) * 64
-    return sums + parts * ctx.prep[dw].get("row", 0) * 4
+    d = ctx.prep[e]
+    parts = d["block_parts"] = max(1, ctx.threads)
+    d["block_at"] = append_scratch(d, parts * ctx.prep[proj]["o"] * ctx.prep[proj]["p"] * 4)
+    d["rows_at"] = append_scratch(d, parts * ctx.prep[dw].get("row", 0) * 4)
 
 
-def bind_block(ctx: PlanContext, e: int, at: int) -> list:
-    """Block e's two calls at batch 1 (its partial sums `at` bytes into the expand's scratch);
-    the other steps of the block go to ctx.skip."""
+def bind_block(ctx: PlanContext, e: int) -> list:
+    """Block e's two calls at batch 1 (their scratch: reserve); the other steps of the block
+    go to ctx.skip."""
     g = ctx.graph
     dw, proj, add = ctx.blocks[e]
     ctx.skip.update(s for s in (dw, proj, add) if s is not None)
@@ -106,10 +103,9 @@ def bind_block(ctx: PlanContext, e: int, at: int) -> list:
     epi2 = register_epi(_act_code(a2), _act_alpha(a2))
     work = 4 * c1 * (m * k + m2 * c3)  # (pools.call_work's measure of kernels_fma.gemm)
     parts = min(max(1, ctx.threads), d1["block_parts"]) if ctx.parallel(work) else 1
-    psum = ctx.scratch(e, np.float32, (parts, c3, m2), at)
-    if "row" in d2:  # the row kernels' rows after the sums (psum_bytes)
-        sums = -(-d1["block_parts"] * c3 * m2 * 4 // 64) * 64
-        rows, masks = ctx.scratch(e, np.float32, (parts, d2["row"]), at + sums), _NO_MASKS
+    psum = ctx.scratch(e, np.float32, (parts, c3, m2), d1["block_at"])
+    if "row" in d2:
+        rows, masks = ctx.scratch(e, np.float32, (parts, d2["row"]), d1["rows_at"]), _NO_MASKS
     else:
         rows, masks = _NO_ROWS, d2["masks"]
     _, _, sh, _, ph, pw, _, _ = d2["geom"]

@@ -93,6 +93,14 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
+def append_scratch(d: dict, nbytes: int) -> int:
+    """Room for nbytes more in prepared node d's scratch, after what it has (aligned): its
+    offset there (a fusion that borrows the node's scratch: gated weights, a block's sums)."""
+    at = _aligned(d.get("scratch_bytes", 0))
+    d["scratch_bytes"] = at + nbytes
+    return at
+
+
 def _register_epi(b: np.ndarray, act: int) -> int | None:
     """kernels_fma's epilogue code (gemm, gemv: 0 the plain sums, 1 + b, 2 + b then ReLU) for a
     bias b (may be empty) and activation code act, or None where it cannot do them (other

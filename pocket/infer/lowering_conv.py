@@ -43,7 +43,7 @@ def fusable_pools(ctx: PlanContext) -> dict[int, int]:
 
 def _b_conv2d(ctx: PlanContext, step: int, node: Node, n: int) -> list:
     if n == 1 and step in ctx.blocks:  # an inverted residual block as one call (lowering_block)
-        return bind_block(ctx, step, ctx.prep[step]["block_at"])
+        return bind_block(ctx, step)
     route, d = route_at(ctx, step, n)
     # a fused maxpool: the conv writes the pooled output; its own output buffer goes unused
     pool = None

@@ -52,11 +52,11 @@ def gated_convs(ctx: PlanContext) -> dict[int, tuple[int, int]]:
     gated = {}
     for step, node in enumerate(ctx.graph.nodes):
         y = node.outputs[0]
-        readers = ctx.readers.get(y, [])
-        if (node.op != "mul" or len(readers) != 1 or y in ctx.graph.outputs
+        conv = ctx.only_reader(y)
+        if (node.op != "mul" or conv is None
                 or any(v in ctx.params or v in ctx.graph.inputs for v in node.inputs)):
             continue
-        conv, d = readers[0], ctx.prep[readers[0]]
+        d = ctx.prep[conv]
         if (d.get("route") != "conv_fma_1x1" or ctx.graph.nodes[conv].inputs[0] != y or d["p"] <= d["o"]
                 or "cv_parts" in d):
             continue

@@ -99,6 +99,12 @@ class PlanContext:
         count = n * math.prod(shape) * dtype.itemsize
         return self.arena[start:start + count].view(dtype).reshape((n, *shape))
 
+    def only_reader(self, v: str) -> int | None:
+        """The one step that reads value v, or None (none, several, or v is a graph output):
+        what a fusion that keeps v out of the arena's traffic needs."""
+        readers = self.readers.get(v, [])
+        return readers[0] if len(readers) == 1 and v not in self.graph.outputs else None
+
     def scratch(self, step: int, dtype, shape: tuple[int, ...], at: int = 0) -> np.ndarray:
         """A view of `step`'s scratch, `at` bytes (a multiple of 64) into it."""
         return self.region(f"#scratch{step}", dtype, shape, at)

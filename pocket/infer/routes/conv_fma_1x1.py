@@ -28,6 +28,7 @@ from pocket.infer.lowering_common import (
     _act_alpha,
     _act_code,
     _register_epi,
+    append_scratch,
     register_bias,
     register_epi,
 )
@@ -63,8 +64,7 @@ class ConvFma1x1(Route):
     def gate_scratch(d: dict, max_batch: int) -> None:
         """Room in the conv's scratch for its gated weights (lowering_vision.gated_convs), at
         d["gate_at"]: up to max_batch images' worth."""
-        d["gate_at"] = -(-d.get("scratch_bytes", 0) // 64) * 64
-        d["scratch_bytes"] = d["gate_at"] + max_batch * d["o"] * d["k"] * 4
+        d["gate_at"] = append_scratch(d, max_batch * d["o"] * d["k"] * 4)
 
     def bind(self, ctx, step, node, d, n, pool=None):
         a = node.attrs
