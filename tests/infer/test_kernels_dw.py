@@ -442,6 +442,72 @@ def test_dw_conv_fma_q_exact(name, relu):
         assert np.array_equal(out, twin), parts
 
 
+# --------------------------------------------------------------------------- channels innermost
+
+# the padded-plane cases (1-7 channels: one partial block of 16), and whole blocks of 16
+# channels with maps of whole 16-pixel blocks (4x4, 8x8) or not (7x7, 9x13), several blocks
+# split over parts
+CL = PADDED + ["cl-16x4x4", "cl-37x8x8-s2", "cl-48x7x7-5x5", "cl-33x9x13", "cl-64x8x8-5x5-s2"]
+CASES_CL = {**CASES_PADDED, "cl-16x4x4": (1, 16, 4, 4, (3, 3), (1, 1), (1, 1), (1, 1)),
+            "cl-37x8x8-s2": (2, 37, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1)),
+            "cl-48x7x7-5x5": (1, 48, 7, 7, (5, 5), (1, 1), (2, 2), (1, 1)),
+            "cl-33x9x13": (3, 33, 9, 13, (3, 3), (1, 1), (1, 1), (1, 1)),
+            "cl-64x8x8-5x5-s2": (1, 64, 8, 8, (5, 5), (2, 2), (2, 2), (1, 1))}
+
+
+@pytest.mark.parametrize("name", CL)
+@pytest.mark.parametrize("relu", [False, True])
+def test_dw_conv_cl_q_exact(name, relu):
+    """kernels_dwcl.dw_conv_cl_q (channels innermost, LLVM vectors) bit for bit with the naive
+    twin: x_zp in the padding, the extreme codes (-128 inputs, +-127 weights: two taps'
+    products at 2 * 16,256 in 16 bits), on one part, two and three, junk in the scratch."""
+    from pocket.infer import kernels_dwcl as kc
+
+    case = CASES_CL[name]
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
+    x, w_q, b_q, m = _extreme_int8(n, c, h, wd, k)
+    x_zp, y_zp = 11, -5
+    acc = naive_dw(x, w_q, s, p, d, x_zp, x_zp) + b_q.astype(np.int64).reshape(1, -1, 1, 1)
+    twin = _naive_requant(acc, m, y_zp, relu)
+    badj = b_q.astype(np.int64) - x_zp * w_q.reshape(c, -1).astype(np.int64).sum(axis=1)
+    wt, bl, ml = kc.prepare_weights(w_q), kc.lanes(badj, np.int32), kc.lanes(m, np.float32)
+    lo = np.float32(y_zp if relu else -128) - np.float32(y_zp)
+    hi = np.float32(127) - np.float32(y_zp)
+    for parts, fn in ((1, kc.dw_conv_cl_q.serial), (2, kc.dw_conv_cl_q), (3, kc.dw_conv_cl_q)):
+        a, t = kc.scratch_sizes(c, h, wd, ho, wo, *p, parts)
+        out = np.full((n, c, ho, wo), 99, np.int8)
+        fn(out, x, wt, bl, ml, np.full((parts, a), 77, np.int8), np.full((parts, t), 66, np.int8),
+           x_zp, lo, hi, np.float32(y_zp), s[0], *p)
+        assert np.array_equal(out, twin), parts
+
+
+@pytest.mark.parametrize("low", [-127, -128])
+def test_engine_small_map_takes_channels_innermost(tmp_path, low):
+    """An int8 depthwise conv on a 4x4 map runs kernels_dwcl (on every CPU: `pays`), bit for
+    bit with the reference; a weight of -128 (which our quantizer never writes, an imported
+    model may) would overflow two taps' 16-bit sum, and keeps the planes."""
+    from models import Builder, matches_reference, quantize_sequential, save_model
+
+    from pocket.infer.engine import Engine
+
+    rng = np.random.default_rng(12)
+    b = Builder((40, 4, 4), rng)
+    b.conv(40, 40, 3, groups=40, padding=[1, 1], activation="relu")
+    b.conv(40, 8, 1)
+    g, params = b.graph(), b.params
+    x = rng.standard_normal((2, 40, 4, 4)).astype(np.float32)
+    g, params, quant = quantize_sequential(g, params, rng.standard_normal((4, 40, 4, 4)).astype(np.float32))
+    wname = next(n for n in g.nodes if n.op == "conv2d").inputs[1]
+    params[wname][0, 0, 0, 0] = low
+    path = save_model(tmp_path / "dw.bin", g, params, quant)
+    with Engine(path, max_batch=2, threads=2) as eng:
+        eng._arena.fill(255)
+        got = eng.run(x, copy=True)
+        names = [c.func.__name__.removesuffix("_serial") for c in eng._bound[2].calls]
+    assert ("dw_conv_cl_q" in names) == (low == -127), names
+    matches_reference(path, x, got, True)
+
+
 # --------------------------------------------------------------------------- engine
 
 
@@ -498,6 +564,8 @@ def _parts(call) -> int:
         return call.args[5].shape[0]
     if name.startswith("dw_conv_fma_flat"):
         return call.args[5]
+    if name.startswith("dw_conv_cl_q"):
+        return call.args[5].shape[0]
     return call.args[4].shape[0]  # dw_conv_fma / dw_conv_padded*: their scratch
 
 

@@ -1,5 +1,7 @@
 """int8 depthwise conv (groups == input channels == output channels): exact int32 sums with
-kernels_int8's epilogue, no im2row. On AVX-512, int8 codes out, 3x3 and 5x5 at stride 1 and
+kernels_int8's epilogue, no im2row. int8 codes out, 3x3 and 5x5 at stride 1 or 2, where
+kernels_dwcl.pays (small maps; on ARM every map) and no weight is -128: kernels_dwcl.dw_conv_cl_q
+(the channels innermost). Else on AVX-512, int8 codes out, 3x3 and 5x5 at stride 1 and
 3x3 at stride 2: kernels_fma_dw.dw_conv_fma_q (the rows read in place, the codes converted to
 float32 and summed exactly, the codes computed in registers). Elsewhere kernels_dw.dw_conv_padded_qf
 / _q (padded scratch planes holding x_zp, the sums in float32 or, on 3x3 stride 2, int32; then
@@ -18,6 +20,7 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_dw as kd
+from pocket.infer import kernels_dwcl as kc
 from pocket.infer import kernels_fma_dw as kfd
 from pocket.infer.lowering_common import _EMPTY_I32, _int8_consts
 from pocket.infer.routes.base import Route, conv_prep, prepared, register
@@ -39,6 +42,16 @@ class ConvDepthwiseInt8(Route):
         # float32 sums (kd.dw_conv_padded_qf) where kd.FLOAT_SUMS (x86), except on 3x3 stride 2,
         # where the int8 planes win
         kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
+        geo = d["geo"]
+        # channels innermost on small maps (and on ARM everywhere), while the weights leave
+        # two taps' products room in 16 bits (our quantizer's never reach -128)
+        if (d["to_int8"] and kc.fast(kh, kw, sh, sw, dh, dw)
+                and kc.pays(kh, geo.ho, geo.wo, ctx.cpu.fma) and int(d["w"].min()) > -128):
+            rows = max(1, ctx.threads)
+            d["cl"] = max(p * sum(kc.scratch_sizes(geo.c, geo.h, geo.w, geo.ho, geo.wo, ph, pw, p))
+                          for p in range(1, rows + 1)) + 64  # + the codes' alignment
+            d["scratch_bytes"] = d["cl"]
+            return d
         d["fma_q"] = (ctx.cpu.fma and d["to_int8"] and kfd.fast(kh, kw, sh, sw, dh, dw)
                       and not (kh == 5 and sh == 2) and kfd.exact_bias(d["b_q"]))
         if d["fma_q"]:
@@ -52,6 +65,20 @@ class ConvDepthwiseInt8(Route):
         x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
         kh, kw, sh, sw, ph, pw, dh, dw = d["geom"]
         x_zp = node.attrs["x_zero_point"]
+        # kernels_int8._code_clamped's clamp, less y_zp, in float32
+        zp = np.float32(d["y_zp"])
+        lo, hi = np.float32(d["lo"][0]) - zp, np.float32(d["lo"][1]) - zp
+        if "cl" in d:
+            wt = prepared(d, "cl_w", lambda: kc.prepare_weights(d["w"]))
+            badj = prepared(d, "cl_b", lambda: kc.lanes(d["bias_adj"], np.int32))
+            m = prepared(d, "cl_m", lambda: kc.lanes(d["m"], np.float32))
+            geo = d["geo"]
+            parts = min(plane_parts(ctx, geo, n), kc.blocks(geo.c))
+            a, t = kc.scratch_sizes(geo.c, geo.h, geo.w, geo.ho, geo.wo, ph, pw, parts)
+            xp = ctx.scratch(step, np.int8, (parts, a))
+            tmp = ctx.scratch(step, np.int8, (parts, t), -(-parts * a // 64) * 64)
+            return [partial(kc.dw_conv_cl_q, y, x, wt, badj, m, xp, tmp, x_zp, lo, hi, zp,
+                            sh, ph, pw)]
         if d["fma_q"]:
             # the taps and b_q - x_zp * sum(w_q) (bias_adj) as float32: exact (exact_bias)
             wf = prepared(d, "w_taps", lambda: d["w"].reshape(d["w"].shape[0], -1).astype(np.float32))
@@ -60,9 +87,6 @@ class ConvDepthwiseInt8(Route):
             geo = d["geo"]
             row = kfd.scratch_size_q(geo.w, geo.wo)
             scratch = ctx.scratch(step, np.int8, (plane_parts(ctx, geo, n), row))
-            # kernels_int8._code_clamped's clamp, less y_zp, in float32
-            zp = np.float32(d["y_zp"])
-            lo, hi = np.float32(d["lo"][0]) - zp, np.float32(d["lo"][1]) - zp
             return [partial(kfd.dw_conv_fma_q, y, x, wf, badj, m, scratch, sh, ph, pw, x_zp, lo, hi, zp)]
         epi = (d["m"], x_zp, d["to_int8"], d["y_zp"], d["lo"], d["relu"])
         if "padded" in d:
