@@ -47,6 +47,7 @@ from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_vnni import _const, _loop, _ptr, _row_at
+from pocket.infer.kernels_vnni import _splat as _vsplat
 
 MAX_K = (2**31 - 1) // (128 * 128)  # 131071: longer dot products could leave int32
 TILE_O, TILE_P = 4, 16  # a _tile's channels and pixels (4 x 4 int32x4 accumulators)
@@ -170,6 +171,130 @@ def gemm(c, w, xp):
             for o0 in range(ob, o_end, TILE_O):
                 _tile(wa + o0 * kb + kk * 4, kb, xa + (kk * mp + p0) * 4, mp * 4,
                       ca + (o0 * mp + p0) * 4, mp * 4, n4, kk, min(TILE_O, o_end - o0))
+
+
+_F32, _F64 = ir.FloatType(), ir.DoubleType()
+_VF4, _VD4 = ir.VectorType(_F32, 4), ir.VectorType(_F64, 4)
+
+
+def _make_tile_q(codes: bool):
+    """_tile's sums over all of K (n4 words) from badj, then an epilogue in registers, for
+    r < rows, row r at dst + r * ldo (bytes). badj (int32) and m are the addresses of the
+    tile's first channel's.
+
+    codes: kernels_int8._code_clamped's, clamp(rint(float32(sum) * m[r]), lo, hi) + zp (m
+    float32; lo, hi: the codes' bounds less zp), 16 bytes a row. Else kernels_int8._epilogue's
+    float32 values, float32(float64(sum) * m[r]) (m float64) clamped to [lo, hi] (lo 0 for a
+    ReLU, else -inf; hi the float ceiling), 64 bytes a row."""
+    sig = types.void(*[types.intp] * 10, types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        w, ldw, xp, ldx, dst, ldo, n4, rows, badj, m, lo, hi, zp = args
+        mod = builder.module
+        sdot = cgutils.get_or_insert_function(mod, ir.FunctionType(_V4, [_V4, _B16, _B16]),
+                                              "llvm.aarch64.neon.sdot.v4i32.v16i8")
+        f2 = ir.FunctionType(_VF4, [_VF4, _VF4])
+        vmax = cgutils.get_or_insert_function(mod, f2, "llvm.maxnum.v4f32")
+        vmin = cgutils.get_or_insert_function(mod, f2, "llvm.minnum.v4f32")
+        cvtn = cgutils.get_or_insert_function(mod, ir.FunctionType(_V4, [_VF4]),
+                                              "llvm.aarch64.neon.fcvtns.v4i32.v4f32")
+        w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
+        undef = ir.Constant(_V4, ir.Undefined)
+        splat = ir.Constant(ir.VectorType(_I32, 4), None)
+
+        def step(i, accs):
+            xrow = builder.add(xp, builder.mul(i, ldx))
+            xs = [builder.load(_ptr(builder, builder.add(xrow, _const(16 * v)), _B16), align=4)
+                  for v in range(4)]
+            k4 = builder.mul(i, _const(4))
+            out = []
+            for r in range(TILE_O):
+                word = builder.load(_ptr(builder, builder.add(w_at[r], k4), _I32), align=1)
+                one = builder.insert_element(undef, word, ir.Constant(_I32, 0))
+                wb = builder.bitcast(builder.shuffle_vector(one, undef, splat), _B16)
+                out += [builder.call(sdot, [accs[r * 4 + v], xs[v], wb]) for v in range(4)]
+            return out
+
+        # the sums start from badj (int32 wrap-around: kernels_int8.total32's total)
+        starts = [_vsplat(builder, builder.load(_ptr(builder, _row_at(builder, badj, r, rows, _const(4)),
+                                                     _I32), align=4), _V4) for r in range(TILE_O)]
+        final = _loop(builder, n4, [starts[r] for r in range(TILE_O) for _ in range(4)], step)
+        vlo, vhi = (_vsplat(builder, v, _VF4) for v in (lo, hi))
+        izp = _vsplat(builder, builder.fptosi(zp, _I8), _B16)
+        for r in range(TILE_O):
+            with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+                at = builder.add(dst, builder.mul(_const(r), ldo))
+                if not codes:
+                    md = _vsplat(builder, builder.load(_ptr(builder, builder.add(
+                        m, _const(8 * r)), _F64), align=8), _VD4)
+                    for v in range(4):
+                        f = builder.fptrunc(builder.fmul(builder.sitofp(final[r * 4 + v], _VD4), md), _VF4)
+                        f = builder.call(vmin, [builder.call(vmax, [f, vlo]), vhi])
+                        builder.store(f, _ptr(builder, builder.add(at, _const(16 * v)), _VF4), align=4)
+                    continue
+                mv = _vsplat(builder, builder.load(_ptr(builder, builder.add(
+                    m, _const(4 * r)), _F32), align=4), _VF4)
+                q = []
+                for v in range(4):
+                    f = builder.fmul(builder.sitofp(final[r * 4 + v], _VF4), mv)
+                    # rint by fcvtns: |f| <= 255 after the clamp (kernels_dwcl's NOTE)
+                    q.append(builder.call(cvtn, [builder.call(vmin, [builder.call(
+                        vmax, [f, vlo]), vhi])]))
+                v8 = ir.Constant(ir.VectorType(_I32, 8), list(range(8)))
+                i32 = builder.shuffle_vector(builder.shuffle_vector(q[0], q[1], v8),
+                                             builder.shuffle_vector(q[2], q[3], v8),
+                                             ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+                # + y_zp as int8: the code is in [-128, 127], so the wrap-around is exact
+                codes_ = builder.add(builder.trunc(i32, _B16), izp)
+                builder.store(codes_, _ptr(builder, at, _B16), align=1)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def tile(typingctx, w, ldw, xp, ldx, dst, ldo, n4, rows, badj, m, lo, hi, zp):
+        return sig, codegen
+
+    return tile
+
+
+_tile_q, _tile_f = _make_tile_q(True), _make_tile_q(False)
+
+
+def fused(k4: int, p: int) -> bool:
+    """Whether gemm_q takes a 1x1 conv: K in one block and whole 16-pixel tiles an image."""
+    return k4 <= BLOCK_K4 and p % TILE_P == 0
+
+
+@kernel
+def gemm_q(out, w, xp, badj, m, p, lo, hi, zp):
+    """gemm with kernels_int8's epilogue in the tiles: out (M, O, P) of w (O, 4*K4) @ xp (K4,
+    M*P) (`fused`: K4 <= BLOCK_K4, P % 16 == 0, so a tile's 16 pixels lie in one image's
+    plane); badj (O,) int32 = b_q - x_zp * wsum. int8 out: int8 codes, m (O,) float32 and lo /
+    hi the codes' bounds less zp, as kernels_int8._code_clamped; float32 out: m (O,) float64 the
+    real scales and [lo, hi] the values' clamp. Replaces gemm + kernels_vnni.requant_cols: the
+    int32 sums never leave the registers."""
+    o, kb = w.shape
+    k4, mp = xp.shape
+    wa, xa, oa = np.int64(w.ctypes.data), np.int64(xp.ctypes.data), np.int64(out.ctypes.data)
+    ba, ma = np.int64(badj.ctypes.data), np.int64(m.ctypes.data)
+    item, mi = out.itemsize, m.itemsize
+    n_p = mp // TILE_P
+    tiles_o = (o + TILE_O - 1) // TILE_O
+    n_b = max(1, min(tiles_o, (8 + n_p - 1) // n_p))
+    per_b = (tiles_o + n_b - 1) // n_b * TILE_O
+    n_b = (o + per_b - 1) // per_b
+    for t in prange(n_p * n_b):
+        pt, ob = t // n_b, (t % n_b) * per_b
+        p0, o_end = pt * TILE_P, min(o, ob + per_b)
+        b = p0 // p
+        for o0 in range(ob, o_end, TILE_O):
+            at = oa + ((b * o + o0) * p + p0 - b * p) * item
+            rows = min(TILE_O, o_end - o0)
+            if item == 1:
+                _tile_q(wa + o0 * kb, kb, xa + p0 * 4, mp * 4, at, p, k4, rows, ba + 4 * o0,
+                        ma + mi * o0, lo, hi, zp)
+            else:
+                _tile_f(wa + o0 * kb, kb, xa + p0 * 4, mp * 4, at, p * 4, k4, rows, ba + 4 * o0,
+                        ma + mi * o0, lo, hi, zp)
 
 
 @njit(cache=True, inline="always")

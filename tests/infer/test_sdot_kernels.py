@@ -94,15 +94,48 @@ def test_gemm(o, k4, mp):
     np.testing.assert_array_equal(c, want)
 
 
-def _conv1x1(n, c, o, hw, stride):
+@needs_sdot
+@pytest.mark.parametrize("n,o,k4,p", [(1, 5, 3, 16), (2, 17, 20, 64), (3, 4, 1, 32)])
+@pytest.mark.parametrize("codes", [True, False])
+def test_gemm_q(n, o, k4, p, codes):
+    """The tiles' requantizing epilogue against an int64 NumPy product and kernels_int8's
+    epilogue in NumPy (codes: float32 product, clamp, rint, + zp; values: the float64 product
+    rounded to float32, a ReLU6): channel tails, several images, extreme sums."""
+    w = RNG.integers(-128, 128, (o, 4 * k4)).astype(np.int8)
+    w[0] = -128
+    xb = RNG.integers(-128, 128, (k4, 4 * n * p)).astype(np.int8)
+    badj = RNG.integers(-300000, 300000, o).astype(np.int32)
+    acc = w.astype(np.int64) @ xb.reshape(k4, n * p, 4).transpose(0, 2, 1).reshape(4 * k4, n * p)
+    acc = (acc + badj[:, None]).reshape(o, n, p).transpose(1, 0, 2)
+    out = np.full((n, o, p), 99 if codes else np.nan, np.int8 if codes else np.float32)
+    if codes:
+        m, zp = (RNG.random(o) * 2e-4).astype(np.float32), np.float32(-5)
+        v = np.clip(acc.astype(np.float32) * m[:, None], np.float32(-128) - zp, np.float32(127) - zp)
+        want = (np.rint(v) + zp).astype(np.int8)
+        ks.gemm_q(out, w, xb.view(np.uint32), badj, m, p, np.float32(-128) - zp, np.float32(127) - zp, zp)
+    else:
+        m = RNG.random(o) * 1e-5
+        want = np.clip((acc * m[:, None]).astype(np.float32), 0, 6)
+        ks.gemm_q(out, w, xb.view(np.uint32), badj, m, p, np.float32(0), np.float32(6), np.float32(0))
+    np.testing.assert_array_equal(out, want)
+
+
+def test_fused_where():
+    """gemm_q takes whole 16-pixel tiles an image and K in one pass only."""
+    assert ks.fused(ks.BLOCK_K4, 64) and ks.fused(1, 16)
+    assert not ks.fused(ks.BLOCK_K4 + 1, 64) and not ks.fused(4, 49)
+
+
+def _conv1x1(n, c, o, hw, stride, float_out=False):
     xs, w_s_in = 0.05, RNG.standard_normal((o, c, 1, 1)).astype(np.float32)
     w_q, w_s = qm.quantize_weights(w_s_in)
     params = {"w": w_q, "b": qm.quantize_bias(RNG.standard_normal(o).astype(np.float32), xs, w_s)}
     quant = {"w": {"scale": w_s.tolist(), "zero_point": [0] * o, "axis": 0}}
     x = RNG.integers(-128, 128, (n, c, *hw)).astype(np.int8)
-    node = Node("conv", "conv2d", ["x", "w", "b"], ["y"],
-                {"stride": [stride, stride], "x_scale": xs, "x_zero_point": 9, "y_scale": 0.07,
-                 "y_zero_point": -5, "activation": "relu"})
+    attrs = {"stride": [stride, stride], "x_scale": xs, "x_zero_point": 9, "activation": "relu"}
+    if not float_out:
+        attrs.update(y_scale=0.07, y_zero_point=-5)
+    node = Node("conv", "conv2d", ["x", "w", "b"], ["y"], attrs)
     g = Graph({"x": ValueInfo("i8", ("N", c, *hw))}, ["y"], [node],
               {k: ValueInfo({np.int8: "i8", np.int32: "i32"}[v.dtype.type], v.shape)
                for k, v in params.items()})
@@ -110,14 +143,17 @@ def _conv1x1(n, c, o, hw, stride):
 
 
 @needs_sdot
-@pytest.mark.parametrize("n,c,o,hw,stride", [(1, 16, 24, (7, 5), 1), (3, 6, 5, (6, 6), 2),
-                                             (2, 96, 16, (4, 4), 1)])
-def test_route_against_the_reference_and_its_twin(n, c, o, hw, stride, monkeypatch):
+@pytest.mark.parametrize("n,c,o,hw,stride,float_out", [
+    (1, 16, 24, (7, 5), 1, False), (3, 6, 5, (6, 6), 2, False), (2, 96, 16, (4, 4), 1, False),
+    (2, 24, 13, (8, 8), 1, True), (1, 7, 6, (8, 4), 2, True)])
+def test_route_against_the_reference_and_its_twin(n, c, o, hw, stride, float_out, monkeypatch):
+    """conv_sdot bit for bit with the reference and conv_int8_blas; maps of whole 16-pixel tiles
+    take gemm_q (the epilogue in the tiles), int8 codes or float32 values out."""
     from models import FakeContainer
 
     from pocket.infer.engine import Engine
 
-    g, params, quant, x = _conv1x1(n, c, o, hw, stride)
+    g, params, quant, x = _conv1x1(n, c, o, hw, stride, float_out)
     want = ref.run(g, params, x, quant)["y"]
     got = {}
     for route in ("conv_sdot", "conv_int8_blas"):
@@ -125,6 +161,10 @@ def test_route_against_the_reference_and_its_twin(n, c, o, hw, stride, monkeypat
         with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
             got[route] = eng.run(x, copy=True)
             assert eng.routes()[0]["route"] == route
+            if route == "conv_sdot":
+                names = [c.func.__name__.removesuffix("_serial") for c in eng._bound[n].calls]
+                p = ((hw[0] - 1) // stride + 1) * ((hw[1] - 1) // stride + 1)
+                assert ("gemm_q" in names) == (p % 16 == 0), names
     np.testing.assert_array_equal(got["conv_sdot"], want)
     np.testing.assert_array_equal(got["conv_sdot"], got["conv_int8_blas"])
 

@@ -1,6 +1,8 @@
 """int8 1x1 conv (groups 1, no padding, any stride) on kernels_sdot (ARM `dotprod`: 16 int8
 multiply-adds an instruction): a chunk of images packed into (C/4, columns) words of four
-channels, one tile GEMM, kernels_vnni's requantizing epilogue. Only where the CPU has the dot
+channels, one tile GEMM, kernels_vnni's requantizing epilogue; or, for int8 codes out where K
+fits one pass and each image's pixels are whole tiles (kernels_sdot.fused), the tiles
+requantize in registers (gemm_q: the int32 sums are never stored). Only where the CPU has the dot
 product extension (Cortex-A76, the Pi 5); elsewhere conv_int8_blas, its portable twin."""
 
 from __future__ import annotations
@@ -56,6 +58,15 @@ def _pad_weights(w2: np.ndarray, k4: int) -> np.ndarray:
     return out
 
 
+def _float_fusable(d: dict) -> bool:
+    """Whether gemm_q's float32 epilogue equals kernels_int8._epilogue's here: it adds the
+    bias in int32 (the int64 total must fit: |bias_adj| + K * 128 * 128 < 2**31) and clamps
+    in float32 (the ceiling must be a float32)."""
+    ceil = float(d["lo"][2])
+    return (int(np.abs(d["bias_adj"]).max(initial=0)) + d["k"] * 128 * 128 < 2**31
+            and float(np.float32(ceil)) == ceil)
+
+
 @register
 class ConvSdot(Route):
     name, op = "conv_sdot", "conv2d"
@@ -84,12 +95,26 @@ class ConvSdot(Route):
         # K % 4 != 0: the weights padded to whole words, once (routes.base.prepared)
         w4 = d["w2"] if d["k"] % 4 == 0 else prepared(d, "w_pad", lambda: _pad_weights(d["w2"], k4))
         epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
+        fused = ks.fused(k4, p) and (d["to_int8"] or _float_fusable(d))
+        if fused:
+            badj = prepared(d, "badj32", lambda: d["bias_adj"].astype(np.int32))
+            if d["to_int8"]:
+                # kernels_int8._code_clamped's operands, in float32
+                mq = prepared(d, "m32", lambda: d["m"].astype(np.float32))
+                zp = np.float32(d["y_zp"])
+                lo, hi = np.float32(d["lo"][0]) - zp, np.float32(d["lo"][1]) - zp
+            else:
+                mq, zp = d["m"], np.float32(0)
+                lo, hi = np.float32(0 if d["relu"] else -np.inf), np.float32(d["lo"][2])
         calls = []
         for start in range(0, n, d["chunk"]):
             m = min(d["chunk"], n - start)
             xp, c = chunk_scratch(ctx, step, d, m)
-            calls += [partial(ks.pack_1x1, xp.view(np.int8), x[start:start + m], sh, sw),
-                      partial(ks.gemm, c, w4, xp),
+            calls.append(partial(ks.pack_1x1, xp.view(np.int8), x[start:start + m], sh, sw))
+            if fused:
+                calls.append(partial(ks.gemm_q, y[start:start + m], w4, xp, badj, mq, p, lo, hi, zp))
+                continue
+            calls += [partial(ks.gemm, c, w4, xp),
                       partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32),
                               y.shape[3], p, *epi)]
         return calls
