@@ -103,6 +103,29 @@ _V4 = ir.VectorType(_I32, 4)
 _B16 = ir.VectorType(_I8, 16)
 
 
+def _sdot_step(builder, sdot, w_at, xp, ldx):
+    """The tiles' step along K: step(i, accs) adds word i of each row's weights (w_at: the
+    rows' byte addresses), broadcast, dotted with row i of xp (16 pixels x 4 bytes, ldx bytes
+    apart) into the row's 4 accumulators (accs: 4 a row)."""
+    undef = ir.Constant(_V4, ir.Undefined)
+    splat = ir.Constant(ir.VectorType(_I32, 4), None)
+
+    def step(i, accs):
+        xrow = builder.add(xp, builder.mul(i, ldx))
+        xs = [builder.load(_ptr(builder, builder.add(xrow, _const(16 * v)), _B16), align=4)
+              for v in range(4)]
+        k4 = builder.mul(i, _const(4))
+        out = []
+        for r in range(TILE_O):
+            word = builder.load(_ptr(builder, builder.add(w_at[r], k4), _I32), align=1)
+            one = builder.insert_element(undef, word, ir.Constant(_I32, 0))
+            wb = builder.bitcast(builder.shuffle_vector(one, undef, splat), _B16)
+            out += [builder.call(sdot, [accs[r * 4 + v], xs[v], wb]) for v in range(4)]
+        return out
+
+    return step
+
+
 @intrinsic
 def _tile(typingctx, w, ldw, xp, ldx, c, ldc, n4, acc, rows):
     """c[r, 0:16] (+)= sum over k4 < n4 of w[r, 4k4:4k4+4] . xp[k4, 0:16, :] for r < rows
@@ -120,22 +143,8 @@ def _tile(typingctx, w, ldw, xp, ldx, c, ldc, n4, acc, rows):
                 for r in range(TILE_O)]
         init = [builder.select(start, builder.load(_ptr(builder, a, _V4), align=4),
                                ir.Constant(_V4, None)) for row in c_at for a in row]
-        w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
-        undef = ir.Constant(_V4, ir.Undefined)
-        splat = ir.Constant(ir.VectorType(_I32, 4), None)
-
-        def step(i, accs):
-            xrow = builder.add(xp, builder.mul(i, ldx))
-            xs = [builder.load(_ptr(builder, builder.add(xrow, _const(16 * v)), _B16), align=4)
-                  for v in range(4)]
-            k4 = builder.mul(i, _const(4))
-            out = []
-            for r in range(TILE_O):
-                word = builder.load(_ptr(builder, builder.add(w_at[r], k4), _I32), align=1)
-                one = builder.insert_element(undef, word, ir.Constant(_I32, 0))
-                wb = builder.bitcast(builder.shuffle_vector(one, undef, splat), _B16)
-                out += [builder.call(sdot, [accs[r * 4 + v], xs[v], wb]) for v in range(4)]
-            return out
+        step = _sdot_step(builder, sdot, [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)],
+                          xp, ldx)
 
         final = _loop(builder, n4, init, step)
         for r in range(TILE_O):
@@ -145,6 +154,16 @@ def _tile(typingctx, w, ldw, xp, ldx, c, ldc, n4, acc, rows):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@njit(cache=True)
+def _split(o, n_p):
+    """(channel blocks, channels a block) beside n_p pixel tiles: at least 8 pieces of work
+    where the channels allow."""
+    tiles_o = (o + TILE_O - 1) // TILE_O
+    n_b = max(1, min(tiles_o, (8 + n_p - 1) // n_p))
+    per_b = (tiles_o + n_b - 1) // n_b * TILE_O
+    return (o + per_b - 1) // per_b, per_b
 
 
 @kernel
@@ -159,10 +178,7 @@ def gemm(c, w, xp):
     k4, mp = xp.shape
     wa, xa, ca = np.int64(w.ctypes.data), np.int64(xp.ctypes.data), np.int64(c.ctypes.data)
     n_p = mp // TILE_P
-    tiles_o = (o + TILE_O - 1) // TILE_O
-    n_b = max(1, min(tiles_o, (8 + n_p - 1) // n_p))
-    per_b = (tiles_o + n_b - 1) // n_b * TILE_O
-    n_b = (o + per_b - 1) // per_b
+    n_b, per_b = _split(o, n_p)
     for t in prange(n_p * n_b):
         pt, ob = t // n_b, (t % n_b) * per_b
         p0, o_end = pt * TILE_P, min(o, ob + per_b)
@@ -198,22 +214,8 @@ def _make_tile_q(codes: bool):
         vmin = cgutils.get_or_insert_function(mod, f2, "llvm.minnum.v4f32")
         cvtn = cgutils.get_or_insert_function(mod, ir.FunctionType(_V4, [_VF4]),
                                               "llvm.aarch64.neon.fcvtns.v4i32.v4f32")
-        w_at = [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)]
-        undef = ir.Constant(_V4, ir.Undefined)
-        splat = ir.Constant(ir.VectorType(_I32, 4), None)
-
-        def step(i, accs):
-            xrow = builder.add(xp, builder.mul(i, ldx))
-            xs = [builder.load(_ptr(builder, builder.add(xrow, _const(16 * v)), _B16), align=4)
-                  for v in range(4)]
-            k4 = builder.mul(i, _const(4))
-            out = []
-            for r in range(TILE_O):
-                word = builder.load(_ptr(builder, builder.add(w_at[r], k4), _I32), align=1)
-                one = builder.insert_element(undef, word, ir.Constant(_I32, 0))
-                wb = builder.bitcast(builder.shuffle_vector(one, undef, splat), _B16)
-                out += [builder.call(sdot, [accs[r * 4 + v], xs[v], wb]) for v in range(4)]
-            return out
+        step = _sdot_step(builder, sdot, [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)],
+                          xp, ldx)
 
         # the sums start from badj (int32 wrap-around: kernels_int8.total32's total)
         starts = [_vsplat(builder, builder.load(_ptr(builder, _row_at(builder, badj, r, rows, _const(4)),
@@ -278,10 +280,7 @@ def gemm_q(out, w, xp, badj, m, p, lo, hi, zp):
     ba, ma = np.int64(badj.ctypes.data), np.int64(m.ctypes.data)
     item, mi = out.itemsize, m.itemsize
     n_p = mp // TILE_P
-    tiles_o = (o + TILE_O - 1) // TILE_O
-    n_b = max(1, min(tiles_o, (8 + n_p - 1) // n_p))
-    per_b = (tiles_o + n_b - 1) // n_b * TILE_O
-    n_b = (o + per_b - 1) // per_b
+    n_b, per_b = _split(o, n_p)
     for t in prange(n_p * n_b):
         pt, ob = t // n_b, (t % n_b) * per_b
         p0, o_end = pt * TILE_P, min(o, ob + per_b)
