@@ -40,6 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from pocket.infer.jit import kernel
+from pocket.infer.kernels_fp32 import act_inplace
 from pocket.infer.kernels_int8 import _ROUND
 from pocket.infer.kernels_vnni import _const, _loop, _ptr, _splat
 
@@ -143,21 +144,23 @@ def _make_image(kh: int, kw: int):
 _image3, _image5 = _make_image(3, 3), _make_image(5, 5)
 
 
-def _transpose(builder, rows):
-    """The 16 x 16 bytes in rows (16 <16 x i8>) transposed: at each level d (8, 4, 2, 1) rows i
-    and i + d (i & d == 0) swap their off-diagonal d x d blocks, element (r, c) going to
-    (r ^ d, c ^ d) where bit d of r and c differ; over the four levels (r, c) -> (c, r). Each
-    level is a TRN/ZIP of one element width on NEON, an unpack on x86."""
+def _transpose(builder, rows, n=VL):
+    """The n x n elements in rows (n vectors of n) transposed: at each level d (n/2, ..., 2, 1)
+    rows i and i + d (i & d == 0) swap their off-diagonal d x d blocks, element (r, c) going to
+    (r ^ d, c ^ d) where bit d of r and c differ; over the levels (r, c) -> (c, r). Each level
+    is a TRN/ZIP of one element width on NEON, an unpack on x86."""
     rows = list(rows)
-    for d in (8, 4, 2, 1):
-        lo = [c if not c & d else VL + c - d for c in range(VL)]
-        hi = [c + d if not c & d else VL + c for c in range(VL)]
-        for i in range(VL):
+    d = n // 2
+    while d:
+        lo = [c if not c & d else n + c - d for c in range(n)]
+        hi = [c + d if not c & d else n + c for c in range(n)]
+        for i in range(n):
             if i & d:
                 continue
             a, b = rows[i], rows[i + d]
-            rows[i] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, VL), lo))
-            rows[i + d] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, VL), hi))
+            rows[i] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, n), lo))
+            rows[i + d] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, n), hi))
+        d //= 2
     return rows
 
 
@@ -312,5 +315,216 @@ def _part(out, x, wt, badj, m, xp, tmp, b0, b1, x_zp, lo, hi, zp, sh, ph, pw):
         for k in range(c1 - c0):
             dst = (b * c + c0 + k) * howo
             p0 = howo - howo % VL if k < full * VL else 0
+            for p in range(p0, howo):
+                of[np.uint64(dst + p)] = tmp[np.uint64(p * cbp + k)]
+
+
+# --------------------------------------------------------------------------- float32
+
+VF = 8  # float32 channels a vector (one ymm; two NEON q registers)
+_VF8 = ir.VectorType(_F32, VF)
+
+
+def _make_image_f32(kh: int, kw: int):
+    """The float32 twin of _make_image: out[pixel, c] = b[c], then one multiply-add a tap in
+    (i, j) order (llvm.fmuladd: kernels_dwflat's sums, the same bits), then ReLU (act 1) or a
+    clip to [0, alpha] (act 9) in registers; other activations are the caller's. Addresses in
+    bytes; cbp, wp, ldw in elements."""
+
+    def codegen(context, builder, signature, args):
+        xp, w, ldw, b, out, nvec, ho, wo, sh, cbp, wp, act, alpha = args
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF8, [_VF8] * 3),
+                                             f"llvm.fmuladd.v{VF}f32")
+        zero = ir.Constant(_VF8, None)
+        top = _splat(builder, alpha, _VF8)
+        cb4 = builder.mul(cbp, _const(4))
+        row = builder.mul(wp, cb4)
+        taps = [builder.add(builder.mul(_const(i), row), builder.mul(_const(j), cb4))
+                for i in range(kh) for j in range(kw)]
+        step = builder.mul(sh, cb4)
+        is_relu = builder.icmp_signed("==", act, _const(1))
+        is_clip = builder.icmp_signed("==", act, _const(9))
+
+        def block(v, _):
+            c4 = builder.mul(v, _const(4 * VF))
+            ws = [builder.load(_ptr(builder, builder.add(w, builder.add(builder.mul(
+                _const(4 * t), ldw), c4)), _VF8), align=4) for t in range(kh * kw)]
+            b0 = builder.load(_ptr(builder, builder.add(b, c4), _VF8), align=4)
+
+            def out_row(oh, _):
+                x_row = builder.add(builder.add(xp, c4), builder.mul(builder.mul(oh, sh), row))
+                o_row = builder.add(builder.add(out, c4), builder.mul(builder.mul(oh, wo), cb4))
+
+                def pixel(ow, _):
+                    xa = builder.add(x_row, builder.mul(ow, step))
+                    acc = b0
+                    for t, off in enumerate(taps):
+                        xv = builder.load(_ptr(builder, builder.add(xa, off), _VF8), align=4)
+                        acc = builder.call(fma, [ws[t], xv, acc])
+                    # kernels_fp32.relu (NaN passes) and the clip of kernels_dw._copy_out
+                    r = builder.select(builder.fcmp_ordered("<", acc, zero), zero, acc)
+                    c = builder.select(builder.fcmp_ordered(">", r, top), top, r)
+                    acc = builder.select(is_relu, r, builder.select(is_clip, c, acc))
+                    builder.store(acc, _ptr(builder, builder.add(o_row, builder.mul(ow, cb4)), _VF8),
+                                  align=4)
+                    return []
+
+                _loop(builder, wo, [], pixel)
+                return []
+
+            _loop(builder, ho, [], out_row)
+            return []
+
+        _loop(builder, nvec, [], block)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def image(typingctx, xp, w, ldw, b, out, nvec, ho, wo, sh, cbp, wp, act, alpha):
+        return types.void(*[types.intp] * 12, types.float32), codegen
+
+    return image
+
+
+_image3f, _image5f = _make_image_f32(3, 3), _make_image_f32(5, 5)
+
+
+@intrinsic
+def _in_blocks_f32(typingctx, src, plane, dst, cbp, wd, wp, ph, pw, nblk):
+    """_in_blocks for float32: pixels [8q, 8q + 8) of 8 channel planes (plane: bytes apart)
+    into the padded channel-last scratch at dst (cbp floats a pixel)."""
+
+    def codegen(context, builder, signature, args):
+        src, plane, dst, cbp, wd, wp, ph, pw, nblk = args
+
+        def blk(q, _):
+            p0 = builder.mul(q, _const(VF))
+            first = builder.add(src, builder.mul(p0, _const(4)))
+            rows = [builder.load(_ptr(builder, builder.add(first, builder.mul(_const(k), plane)), _VF8),
+                                 align=4) for k in range(VF)]
+            for j, vec in enumerate(_transpose(builder, rows, VF)):
+                p = builder.add(p0, _const(j))
+                ih, iw = builder.sdiv(p, wd), builder.srem(p, wd)
+                at = builder.add(builder.mul(builder.add(ih, ph), wp), builder.add(iw, pw))
+                at = builder.add(dst, builder.mul(builder.mul(at, cbp), _const(4)))
+                builder.store(vec, _ptr(builder, at, _VF8), align=4)
+            return []
+
+        _loop(builder, nblk, [], blk)
+        return context.get_dummy_value()
+
+    return types.void(*[types.intp] * 9), codegen
+
+
+@intrinsic
+def _out_blocks_f32(typingctx, src, cbp, dst, plane, nblk):
+    """_out_blocks for float32: pixels [8q, 8q + 8) (pixel p's 8 channels at src + 4 * p * cbp)
+    into 8 channel planes (dst, plane bytes apart)."""
+
+    def codegen(context, builder, signature, args):
+        src, cbp, dst, plane, nblk = args
+
+        def blk(q, _):
+            p0 = builder.mul(q, _const(VF))
+            rows = [builder.load(_ptr(builder, builder.add(src, builder.mul(builder.mul(
+                builder.add(p0, _const(j)), cbp), _const(4))), _VF8), align=4) for j in range(VF)]
+            for k, vec in enumerate(_transpose(builder, rows, VF)):
+                at = builder.add(dst, builder.add(builder.mul(p0, _const(4)), builder.mul(_const(k), plane)))
+                builder.store(vec, _ptr(builder, at, _VF8), align=4)
+            return []
+
+        _loop(builder, nblk, [], blk)
+        return context.get_dummy_value()
+
+    return types.void(*[types.intp] * 5), codegen
+
+
+def pays_f32(h: int, wd: int, ho: int, wo: int, sh: int) -> bool:
+    """Whether float32 channels innermost beat kernels_dw's padded planes (the portable path
+    and ARM; AVX-512 has kernels_fma_dw).
+
+    NOTE: measured per layer, one thread. Emulated Pi 5 (instructions): 0.34x (480 x 4 x 4),
+    0.68-0.74x on 8 x 8 and 7 x 7, 0.84-0.97x on 16 x 16, 14 x 14 and 28 x 28 at stride 1;
+    1.06x on a 28 x 28 input at stride 2, 1.16-1.27x from 32 x 32 up. x86 (the portable path on
+    the AVX-512 host): 0.49x on 4 x 4, 1.0-2.2x on everything larger (kernels_dwflat's 8-float
+    flat sums are as fast per tap there, and the transposes cost)."""
+    if _ARM:
+        return h * wd <= (784 if sh == 1 else 256)
+    return ho * wo <= 16
+
+
+def blocks_f32(c: int) -> int:
+    return -(-c // VF)
+
+
+def scratch_sizes_f32(c, h, wd, ho, wo, ph, pw, parts) -> tuple[int, int]:
+    """(floats of a part's channel-last padded image, of its channel-last outputs)."""
+    cb = -(-blocks_f32(c) // parts) * VF
+    return (h + 2 * ph) * (wd + 2 * pw) * cb, ho * wo * cb
+
+
+def prepare_f32(w: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(wt (kh*kw, Cp) float32 taps-major, b (Cp,)): Cp the channels rounded up to VF, zeros
+    past C (and a zero bias where the conv has none)."""
+    c = w.shape[0]
+    cp = blocks_f32(c) * VF
+    wt = np.zeros((w.shape[2] * w.shape[3], cp), np.float32)
+    wt[:, :c] = w.reshape(c, -1).T
+    bp = np.zeros(cp, np.float32)
+    if b.shape[0]:
+        bp[:c] = b
+    return wt, bp
+
+
+@kernel(contract=True)
+def dw_conv_cl(out, x, wt, b, xp_all, tmp_all, sh, ph, pw, act, alpha):
+    """out (N, C, Ho, Wo) float32: kernels_dw.dw_conv_padded's conv (bias, then the taps in
+    (i, j) order, then the activation `act`) with the channels innermost; wt, b from
+    prepare_f32; xp_all / tmp_all (parts, scratch_sizes_f32) float32 scratch, a row a part."""
+    parts = xp_all.shape[0]
+    nb = (x.shape[1] + VF - 1) // VF
+    for part in prange(parts):
+        b0, b1 = part * nb // parts, (part + 1) * nb // parts
+        if b1 > b0:
+            _part_f32(out, x, wt, b, xp_all[part], tmp_all[part], b0, b1, sh, ph, pw, act, alpha)
+
+
+@njit(cache=True, fastmath={"contract"})
+def _part_f32(out, x, wt, b, xp, tmp, b0, b1, sh, ph, pw, act, alpha):
+    n, c, h, wd = x.shape
+    ho, wo = out.shape[2], out.shape[3]
+    c0, c1 = b0 * VF, min(c, b1 * VF)
+    cbp = (b1 - b0) * VF
+    wp = wd + 2 * pw
+    kt = wt.shape[0]
+    xf, of = x.reshape(-1), out.reshape(-1)
+    xp[:(h + 2 * ph) * wp * cbp] = 0.0
+    xa, ta = np.int64(xp.ctypes.data), np.int64(tmp.ctypes.data)
+    wa, ba = np.int64(wt.ctypes.data) + 4 * c0, np.int64(b.ctypes.data) + 4 * c0
+    hw, howo = h * wd, ho * wo
+    full = (c1 - c0) // VF
+    # ReLU and clip in the registers; any other activation over the outputs after
+    inner = act if act == 1 or act == 9 else 0
+    for im in range(n):
+        for v in range(full):
+            _in_blocks_f32(np.int64(x.ctypes.data) + 4 * (im * c + c0 + v * VF) * hw, 4 * hw,
+                           xa + 4 * v * VF, cbp, wd, wp, ph, pw, hw // VF)
+        for k in range(c1 - c0):
+            src = (im * c + c0 + k) * hw
+            p0 = hw - hw % VF if k < full * VF else 0
+            for p in range(p0, hw):
+                ih, iw = p // wd, p % wd
+                xp[np.uint64(((ih + ph) * wp + iw + pw) * cbp + k)] = xf[np.uint64(src + p)]
+        if kt == 9:
+            _image3f(xa, wa, wt.shape[1], ba, ta, b1 - b0, ho, wo, sh, cbp, wp, inner, alpha)
+        else:
+            _image5f(xa, wa, wt.shape[1], ba, ta, b1 - b0, ho, wo, sh, cbp, wp, inner, alpha)
+        if inner != act:
+            act_inplace(tmp, 0, howo * cbp, np.float32(0.0), act, alpha)
+        for v in range(full):
+            dst = np.int64(out.ctypes.data) + 4 * (im * c + c0 + v * VF) * howo
+            _out_blocks_f32(ta + 4 * v * VF, cbp, dst, 4 * howo, howo // VF)
+        for k in range(c1 - c0):
+            dst = (im * c + c0 + k) * howo
+            p0 = howo - howo % VF if k < full * VF else 0
             for p in range(p0, howo):
                 of[np.uint64(dst + p)] = tmp[np.uint64(p * cbp + k)]

@@ -481,6 +481,60 @@ def test_dw_conv_cl_q_exact(name, relu):
         assert np.array_equal(out, twin), parts
 
 
+@pytest.mark.parametrize("name", CL)
+@pytest.mark.parametrize("act", ["none", "relu", "relu6", "silu"])
+def test_dw_conv_cl_f32(name, act):
+    """kernels_dwcl.dw_conv_cl (float32, channels innermost) against the float64 naive twin to
+    float32 rounding, and bit for bit with the padded planes (the same FMA chain in the same tap
+    order), on one part, two and three, NaN in the scratch and a NaN input (which every
+    activation, ReLU too, passes on)."""
+    from pocket.infer import kernels_dwcl as kc
+
+    codes = {"none": (0, lambda y: y), "relu": (1, lambda y: np.where(y < 0, 0.0, y)),
+             "relu6": (9, lambda y: np.clip(y, 0.0, 6.0)),
+             "silu": (kf.ACT["silu"], lambda y: y / (1 + np.exp(-y)))}
+    code, twin_act = codes[act]
+    case = CASES_CL[name]
+    n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32) * 3
+    x[0, 0, 0, 0] = np.nan
+    w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    twin = twin_act(naive_dw(x, w, s, p, d, 0.0) + b.astype(np.float64).reshape(1, -1, 1, 1))
+    xp, tmp = _padded_scratch(case, 1, np.float32, np.float32, 0.0)
+    planes = np.empty((n, c, ho, wo), np.float32)
+    kd.dw_conv_padded.serial(planes, x, w, b, xp, tmp, s[0], *p, code, np.float32(6.0))
+    wt, bl = kc.prepare_f32(w, b)
+    for parts, fn in ((1, kc.dw_conv_cl.serial), (2, kc.dw_conv_cl), (3, kc.dw_conv_cl)):
+        a, t = kc.scratch_sizes_f32(c, h, wd, ho, wo, *p, parts)
+        out = np.full((n, c, ho, wo), 7.0, np.float32)
+        fn(out, x, wt, bl, np.full((parts, a), np.nan, np.float32), np.full((parts, t), np.nan, np.float32),
+           s[0], *p, code, np.float32(6.0))
+        np.testing.assert_allclose(out, twin, rtol=1e-4, atol=1e-4, equal_nan=True)
+        assert np.array_equal(out, planes, equal_nan=True), parts
+
+
+def test_engine_small_map_f32_takes_channels_innermost(tmp_path, monkeypatch):
+    """The portable fp32 depthwise route (forced here: AVX-512 hosts take kernels_fma_dw) runs a
+    4x4 map's conv on kernels_dwcl, within float32 rounding of the reference."""
+    from models import Builder, matches_reference, save_model
+
+    from pocket.infer.engine import Engine
+
+    monkeypatch.setenv("POCKET_ROUTE", "conv_depthwise")
+    rng = np.random.default_rng(13)
+    b = Builder((40, 4, 4), rng)
+    b.conv(40, 40, 3, groups=40, padding=[1, 1], activation="relu")
+    path = save_model(tmp_path / "dw.bin", b.graph(), b.params)
+    x = rng.standard_normal((2, 40, 4, 4)).astype(np.float32)
+    with Engine(path, max_batch=2, threads=2) as eng:
+        eng._arena.fill(255)
+        got = eng.run(x, copy=True)
+        names = [c.func.__name__.removesuffix("_serial") for c in eng._bound[2].calls]
+    assert names == ["dw_conv_cl"], names
+    matches_reference(path, x, got, False)
+
+
 @pytest.mark.parametrize("low", [-127, -128])
 def test_engine_small_map_takes_channels_innermost(tmp_path, low):
     """An int8 depthwise conv on a 4x4 map runs kernels_dwcl (on every CPU: `pays`), bit for
