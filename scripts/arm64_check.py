@@ -31,9 +31,10 @@ trainer or the exporter). It loads the same `.bin` files, runs the same inputs, 
 - as a second opinion on the same machine, the whole graph against pocket.formats.reference
   (fp32 and pure int8 models; 1e-4 relative).
 - coverage: the routes table (Engine.routes()) and the prepared steps must show the depthwise
-  routes at the padded-plane geometries (3x3 and 5x5, stride 1 and 2; float32 on
-  kernels_dw.dw_conv_padded, int8 on ARM on kernels_dwcl.dw_conv_cl_q, channels innermost), and every vectorized activation of kernels_fp32.act_run (relu, clip, hardswish,
-  hardsigmoid, sigmoid, silu) on a float32 layer; a shortfall fails the run.
+  routes at the padded-plane geometries (3x3 and 5x5, stride 1 and 2: kernels_dw's padded
+  planes, or on ARM kernels_dwcl's channels innermost, all of int8 and float32's small maps),
+  and every vectorized activation of kernels_fp32.act_run (relu, clip, hardswish, hardsigmoid,
+  sigmoid, silu) on a float32 layer; a shortfall fails the run.
 
 The Numba cache is a fresh temporary folder unless `--cache DIR` is given (so x86's cache, or an
 earlier ARM run's, is never reused). `--models a,b` checks only those. Exit status 0: all
