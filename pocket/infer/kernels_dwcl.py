@@ -26,7 +26,8 @@ Emulated Pi 5, one thread, instructions: MobileNetV2-0.5's layers 0.19x (480 x 4
 (16 x 64 x 64) the padded planes', its depthwise convs 7.4M -> 3.3M of the int8 inference.
 Where it runs instead of the planes: see `pays`.
 
-int8 codes out only; other outputs keep kernels_dw.
+dw_conv_cl_q gives int8 codes only (float32 outputs of an int8 conv keep kernels_dw);
+dw_conv_cl is the float32 conv's twin (the bottom of this file).
 """
 
 from __future__ import annotations
