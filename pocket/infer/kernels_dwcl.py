@@ -54,6 +54,34 @@ _VB, _VH, _VI, _VF = (ir.VectorType(t, VL) for t in (_I8, _I16, _I32, _F32))
 _V4I, _V8I = ir.VectorType(_I32, 4), ir.VectorType(_I32, 8)
 
 
+def _each_pixel(builder, xp, out, nvec, ho, wo, sh, pix, row, vbytes, setup, body):
+    """The image kernels' loops: for each block v < nvec of vbytes bytes of a pixel's channels,
+    state = setup(c) (c: the block's byte offset in a pixel), then for each output pixel
+    body(state, xa, oa): xa the address of its first tap's block in the padded scratch (pix
+    bytes a pixel, row bytes a row), oa its block's in the outputs (pix bytes a pixel)."""
+
+    def block(v, _):
+        c = builder.mul(v, _const(vbytes))
+        state = setup(c)
+
+        def out_row(oh, _):
+            x_row = builder.add(builder.add(xp, c), builder.mul(builder.mul(oh, sh), row))
+            o_row = builder.add(builder.add(out, c), builder.mul(builder.mul(oh, wo), pix))
+
+            def pixel(ow, _):
+                body(state, builder.add(x_row, builder.mul(builder.mul(ow, sh), pix)),
+                     builder.add(o_row, builder.mul(ow, pix)))
+                return []
+
+            _loop(builder, wo, [], pixel)
+            return []
+
+        _loop(builder, ho, [], out_row)
+        return []
+
+    _loop(builder, nvec, [], block)
+
+
 def _make_image(kh: int, kw: int):
     """One image of a part: every block of VL channels over every output pixel, for fixed
     taps. Addresses in bytes; cbp (the scratch's channel pitch), wp (its row length in
@@ -74,10 +102,8 @@ def _make_image(kh: int, kw: int):
         row = builder.mul(wp, cbp)
         taps = [builder.add(builder.mul(_const(i), row), builder.mul(_const(j), cbp))
                 for i in range(kh) for j in range(kw)]
-        step = builder.mul(sh, cbp)
 
-        def block(v, _):
-            c0 = builder.mul(v, _const(VL))
+        def setup(c0):
             ws = [builder.sext(builder.load(_ptr(builder, builder.add(
                 w, builder.add(builder.mul(_const(t), ldw), c0)), _VB), align=1), _VH)
                 for t in range(kh * kw)]
@@ -85,54 +111,40 @@ def _make_image(kh: int, kw: int):
                               align=4)
             mv = builder.load(_ptr(builder, builder.add(m, builder.mul(c0, _const(4))), _VF),
                               align=4)
+            return ws, b0, mv
 
-            def out_row(oh, _):
-                x_row = builder.add(builder.add(xp, c0), builder.mul(builder.mul(oh, sh), row))
-                o_row = builder.add(builder.add(out, c0), builder.mul(builder.mul(oh, wo), cbp))
+        def pixel(state, xa, oa):
+            ws, acc, mv = state
+            # NOTE: two taps' products summed in 16 bits before widening (|x_q| <= 128,
+            # |w_q| <= 127: |p + p'| <= 32512), a multiply-accumulate of bytes into halfwords
+            # (smlal) where one tap took two widening adds
+            for t0 in range(0, len(taps), 2):
+                pair = None
+                for t in range(t0, min(t0 + 2, len(taps))):
+                    xv = builder.load(_ptr(builder, builder.add(xa, taps[t]), _VB), align=1)
+                    prod = builder.mul(builder.sext(xv, _VH), ws[t])
+                    pair = prod if pair is None else builder.add(pair, prod)
+                acc = builder.add(acc, builder.sext(pair, _VI))
+            # kernels_int8._code_clamped, lane by lane: the same float32 operations (maxnum /
+            # minnum are its max / min: no NaN reaches them)
+            f = builder.fmul(builder.sitofp(acc, _VF), mv)
+            f = builder.call(vmin, [builder.call(vmax, [f, vlo]), vhi])
+            if _ARM:
+                # rint by the conversion's round-to-nearest-even (fcvtns): |f| <= 255, so it
+                # equals (f + _ROUND) - _ROUND
+                qs = [builder.call(cvtn, [builder.shuffle_vector(
+                    f, f, ir.Constant(_V4I, list(range(4 * k, 4 * k + 4))))]) for k in range(4)]
+                i32 = builder.shuffle_vector(
+                    builder.shuffle_vector(qs[0], qs[1], ir.Constant(_V8I, list(range(8)))),
+                    builder.shuffle_vector(qs[2], qs[3], ir.Constant(_V8I, list(range(8)))),
+                    ir.Constant(_VI, list(range(VL))))
+            else:
+                i32 = builder.fptosi(builder.fsub(builder.fadd(f, vround), vround), _VI)
+            # + y_zp as int8: the code is in [-128, 127], so the wrap-around is exact
+            q = builder.add(builder.trunc(i32, _VB), izp)
+            builder.store(q, _ptr(builder, oa, _VB), align=1)
 
-                def pixel(ow, _):
-                    xa = builder.add(x_row, builder.mul(ow, step))
-                    acc = b0
-                    # NOTE: two taps' products summed in 16 bits before widening (|x_q| <= 128,
-                    # |w_q| <= 127: |p + p'| <= 32512), a multiply-accumulate of bytes into
-                    # halfwords (smlal) where one tap took two widening adds
-                    for t0 in range(0, len(taps), 2):
-                        pair = None
-                        for t in range(t0, min(t0 + 2, len(taps))):
-                            xv = builder.load(_ptr(builder, builder.add(xa, taps[t]), _VB),
-                                              align=1)
-                            prod = builder.mul(builder.sext(xv, _VH), ws[t])
-                            pair = prod if pair is None else builder.add(pair, prod)
-                        acc = builder.add(acc, builder.sext(pair, _VI))
-                    # kernels_int8._code_clamped, lane by lane: the same float32 operations
-                    # (maxnum / minnum are its max / min: no NaN reaches them)
-                    f = builder.fmul(builder.sitofp(acc, _VF), mv)
-                    f = builder.call(vmin, [builder.call(vmax, [f, vlo]), vhi])
-                    if _ARM:
-                        # rint by the conversion's round-to-nearest-even (fcvtns): |f| <= 255,
-                        # so it equals (f + _ROUND) - _ROUND
-                        qs = [builder.call(cvtn, [builder.shuffle_vector(
-                            f, f, ir.Constant(_V4I, list(range(4 * k, 4 * k + 4)))
-                        )]) for k in range(4)]
-                        i32 = builder.shuffle_vector(
-                            builder.shuffle_vector(qs[0], qs[1], ir.Constant(_V8I, list(range(8)))),
-                            builder.shuffle_vector(qs[2], qs[3], ir.Constant(_V8I, list(range(8)))),
-                            ir.Constant(_VI, list(range(VL))))
-                    else:
-                        i32 = builder.fptosi(builder.fsub(builder.fadd(f, vround), vround), _VI)
-                    # + y_zp as int8: the code is in [-128, 127], so the wrap-around is exact
-                    q = builder.add(builder.trunc(i32, _VB), izp)
-                    builder.store(q, _ptr(builder, builder.add(o_row, builder.mul(ow, cbp)), _VB),
-                                  align=1)
-                    return []
-
-                _loop(builder, wo, [], pixel)
-                return []
-
-            _loop(builder, ho, [], out_row)
-            return []
-
-        _loop(builder, nvec, [], block)
+        _each_pixel(builder, xp, out, nvec, ho, wo, sh, cbp, row, VL, setup, pixel)
         return context.get_dummy_value()
 
     @intrinsic
@@ -165,54 +177,63 @@ def _transpose(builder, rows, n=VL):
     return rows
 
 
-@intrinsic
-def _in_blocks(typingctx, src, plane, dst, cbp, wd, wp, ph, pw, nblk):
-    """Pixels [16q, 16q + 16) of 16 channel planes (src, plane bytes apart) for q < nblk into
-    the padded channel-last scratch: pixel p's 16 bytes at dst + ((p // wd + ph) * wp + p % wd
-    + pw) * cbp."""
+def _make_blocks(vty, n: int, size: int):
+    """The copies through the transpose for vectors of n elements of `size` bytes (vty):
 
-    def codegen(context, builder, signature, args):
+    in_blocks(src, plane, dst, cbp, wd, wp, ph, pw, nblk): pixels [nq, nq + n) of n channel
+    planes (src, plane bytes apart) for q < nblk into the padded channel-last scratch: pixel
+    p's n elements at dst + ((p // wd + ph) * wp + p % wd + pw) * cbp * size;
+    out_blocks(src, cbp, dst, plane, nblk): the channel-last outputs of pixels [nq, nq + n)
+    (pixel p's n channels at src + p * cbp * size) into n channel planes (dst, plane bytes
+    apart)."""
+
+    def in_codegen(context, builder, signature, args):
         src, plane, dst, cbp, wd, wp, ph, pw, nblk = args
 
         def blk(q, _):
-            p0 = builder.mul(q, _const(VL))
-            rows = [builder.load(_ptr(builder, builder.add(builder.add(src, p0), builder.mul(
-                _const(k), plane)), _VB), align=1) for k in range(VL)]
-            for j, vec in enumerate(_transpose(builder, rows)):
+            p0 = builder.mul(q, _const(n))
+            first = builder.add(src, builder.mul(p0, _const(size)))
+            rows = [builder.load(_ptr(builder, builder.add(first, builder.mul(_const(k), plane)), vty),
+                                 align=size) for k in range(n)]
+            for j, vec in enumerate(_transpose(builder, rows, n)):
                 p = builder.add(p0, _const(j))
                 ih, iw = builder.sdiv(p, wd), builder.srem(p, wd)
                 at = builder.add(builder.mul(builder.add(ih, ph), wp), builder.add(iw, pw))
-                builder.store(vec, _ptr(builder, builder.add(dst, builder.mul(at, cbp)), _VB),
-                              align=1)
+                at = builder.add(dst, builder.mul(builder.mul(at, cbp), _const(size)))
+                builder.store(vec, _ptr(builder, at, vty), align=size)
             return []
 
         _loop(builder, nblk, [], blk)
         return context.get_dummy_value()
 
-    return types.void(*[types.intp] * 9), codegen
-
-
-@intrinsic
-def _out_blocks(typingctx, src, cbp, dst, plane, nblk):
-    """The channel-last codes of pixels [16q, 16q + 16) (pixel p's 16 channels at src + p * cbp)
-    for q < nblk into 16 channel planes (dst, plane bytes apart)."""
-
-    def codegen(context, builder, signature, args):
+    def out_codegen(context, builder, signature, args):
         src, cbp, dst, plane, nblk = args
 
         def blk(q, _):
-            p0 = builder.mul(q, _const(VL))
-            rows = [builder.load(_ptr(builder, builder.add(src, builder.mul(
-                builder.add(p0, _const(j)), cbp)), _VB), align=1) for j in range(VL)]
-            for k, vec in enumerate(_transpose(builder, rows)):
-                at = builder.add(builder.add(dst, p0), builder.mul(_const(k), plane))
-                builder.store(vec, _ptr(builder, at, _VB), align=1)
+            p0 = builder.mul(q, _const(n))
+            rows = [builder.load(_ptr(builder, builder.add(src, builder.mul(builder.mul(
+                builder.add(p0, _const(j)), cbp), _const(size))), vty), align=size) for j in range(n)]
+            first = builder.add(dst, builder.mul(p0, _const(size)))
+            for k, vec in enumerate(_transpose(builder, rows, n)):
+                at = builder.add(first, builder.mul(_const(k), plane))
+                builder.store(vec, _ptr(builder, at, vty), align=size)
             return []
 
         _loop(builder, nblk, [], blk)
         return context.get_dummy_value()
 
-    return types.void(*[types.intp] * 5), codegen
+    @intrinsic
+    def in_blocks(typingctx, src, plane, dst, cbp, wd, wp, ph, pw, nblk):
+        return types.void(*[types.intp] * 9), in_codegen
+
+    @intrinsic
+    def out_blocks(typingctx, src, cbp, dst, plane, nblk):
+        return types.void(*[types.intp] * 5), out_codegen
+
+    return in_blocks, out_blocks
+
+
+_in_blocks, _out_blocks = _make_blocks(_VB, VL, 1)
 
 
 def fast(kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> bool:
@@ -281,6 +302,27 @@ def dw_conv_cl_q(out, x, wt, badj, m, xp_all, tmp_all, x_zp, lo, hi, zp, sh, ph,
                   sh, ph, pw)
 
 
+@njit(cache=True, inline="always")
+def _tails_in(xp, xf, first, nk, full, n_vec, hw, wd, wp, ph, pw, cbp):
+    """The elements the transposes leave into the channel-last scratch: the last hw % n_vec
+    pixels of the full blocks' channels, every pixel of the partial block's (channel k of the
+    part's at xf[first + k * hw:])."""
+    for k in range(nk):
+        p0 = hw - hw % n_vec if k < full * n_vec else 0
+        for p in range(p0, hw):
+            ih, iw = p // wd, p % wd
+            xp[np.uint64(((ih + ph) * wp + iw + pw) * cbp + k)] = xf[np.uint64(first + k * hw + p)]
+
+
+@njit(cache=True, inline="always")
+def _tails_out(of, tmp, first, nk, full, n_vec, howo, cbp):
+    """_tails_in's elements of the outputs, from the channel-last outputs into the planes."""
+    for k in range(nk):
+        p0 = howo - howo % n_vec if k < full * n_vec else 0
+        for p in range(p0, howo):
+            of[np.uint64(first + k * howo + p)] = tmp[np.uint64(p * cbp + k)]
+
+
 @njit(cache=True)
 def _part(out, x, wt, badj, m, xp, tmp, b0, b1, x_zp, lo, hi, zp, sh, ph, pw):
     n, c, h, wd = x.shape
@@ -300,12 +342,7 @@ def _part(out, x, wt, badj, m, xp, tmp, b0, b1, x_zp, lo, hi, zp, sh, ph, pw):
         for v in range(full):
             _in_blocks(np.int64(x.ctypes.data) + (b * c + c0 + v * VL) * hw, hw,
                        xa + v * VL, cbp, wd, wp, ph, pw, hw // VL)
-        for k in range(c1 - c0):
-            src = (b * c + c0 + k) * hw
-            p0 = hw - hw % VL if k < full * VL else 0
-            for p in range(p0, hw):
-                ih, iw = p // wd, p % wd
-                xp[np.uint64(((ih + ph) * wp + iw + pw) * cbp + k)] = xf[np.uint64(src + p)]
+        _tails_in(xp, xf, (b * c + c0) * hw, c1 - c0, full, VL, hw, wd, wp, ph, pw, cbp)
         if kt == 9:
             _image3(xa, wa, wt.shape[1], ba, ma, ta, b1 - b0, ho, wo, sh, cbp, wp, lo, hi, zp)
         else:
@@ -313,11 +350,7 @@ def _part(out, x, wt, badj, m, xp, tmp, b0, b1, x_zp, lo, hi, zp, sh, ph, pw):
         for v in range(full):
             _out_blocks(ta + v * VL, cbp, np.int64(out.ctypes.data) + (b * c + c0 + v * VL) * howo,
                         howo, howo // VL)
-        for k in range(c1 - c0):
-            dst = (b * c + c0 + k) * howo
-            p0 = howo - howo % VL if k < full * VL else 0
-            for p in range(p0, howo):
-                of[np.uint64(dst + p)] = tmp[np.uint64(p * cbp + k)]
+        _tails_out(of, tmp, (b * c + c0) * howo, c1 - c0, full, VL, howo, cbp)
 
 
 # --------------------------------------------------------------------------- float32
@@ -342,41 +375,26 @@ def _make_image_f32(kh: int, kw: int):
         row = builder.mul(wp, cb4)
         taps = [builder.add(builder.mul(_const(i), row), builder.mul(_const(j), cb4))
                 for i in range(kh) for j in range(kw)]
-        step = builder.mul(sh, cb4)
         is_relu = builder.icmp_signed("==", act, _const(1))
         is_clip = builder.icmp_signed("==", act, _const(9))
 
-        def block(v, _):
-            c4 = builder.mul(v, _const(4 * VF))
+        def setup(c4):
             ws = [builder.load(_ptr(builder, builder.add(w, builder.add(builder.mul(
                 _const(4 * t), ldw), c4)), _VF8), align=4) for t in range(kh * kw)]
-            b0 = builder.load(_ptr(builder, builder.add(b, c4), _VF8), align=4)
+            return ws, builder.load(_ptr(builder, builder.add(b, c4), _VF8), align=4)
 
-            def out_row(oh, _):
-                x_row = builder.add(builder.add(xp, c4), builder.mul(builder.mul(oh, sh), row))
-                o_row = builder.add(builder.add(out, c4), builder.mul(builder.mul(oh, wo), cb4))
+        def pixel(state, xa, oa):
+            ws, acc = state
+            for t, off in enumerate(taps):
+                xv = builder.load(_ptr(builder, builder.add(xa, off), _VF8), align=4)
+                acc = builder.call(fma, [ws[t], xv, acc])
+            # kernels_fp32.relu (NaN passes) and the clip of kernels_dw._copy_out
+            r = builder.select(builder.fcmp_ordered("<", acc, zero), zero, acc)
+            c = builder.select(builder.fcmp_ordered(">", r, top), top, r)
+            acc = builder.select(is_relu, r, builder.select(is_clip, c, acc))
+            builder.store(acc, _ptr(builder, oa, _VF8), align=4)
 
-                def pixel(ow, _):
-                    xa = builder.add(x_row, builder.mul(ow, step))
-                    acc = b0
-                    for t, off in enumerate(taps):
-                        xv = builder.load(_ptr(builder, builder.add(xa, off), _VF8), align=4)
-                        acc = builder.call(fma, [ws[t], xv, acc])
-                    # kernels_fp32.relu (NaN passes) and the clip of kernels_dw._copy_out
-                    r = builder.select(builder.fcmp_ordered("<", acc, zero), zero, acc)
-                    c = builder.select(builder.fcmp_ordered(">", r, top), top, r)
-                    acc = builder.select(is_relu, r, builder.select(is_clip, c, acc))
-                    builder.store(acc, _ptr(builder, builder.add(o_row, builder.mul(ow, cb4)), _VF8),
-                                  align=4)
-                    return []
-
-                _loop(builder, wo, [], pixel)
-                return []
-
-            _loop(builder, ho, [], out_row)
-            return []
-
-        _loop(builder, nvec, [], block)
+        _each_pixel(builder, xp, out, nvec, ho, wo, sh, cb4, row, 4 * VF, setup, pixel)
         return context.get_dummy_value()
 
     @intrinsic
@@ -389,54 +407,7 @@ def _make_image_f32(kh: int, kw: int):
 _image3f, _image5f = _make_image_f32(3, 3), _make_image_f32(5, 5)
 
 
-@intrinsic
-def _in_blocks_f32(typingctx, src, plane, dst, cbp, wd, wp, ph, pw, nblk):
-    """_in_blocks for float32: pixels [8q, 8q + 8) of 8 channel planes (plane: bytes apart)
-    into the padded channel-last scratch at dst (cbp floats a pixel)."""
-
-    def codegen(context, builder, signature, args):
-        src, plane, dst, cbp, wd, wp, ph, pw, nblk = args
-
-        def blk(q, _):
-            p0 = builder.mul(q, _const(VF))
-            first = builder.add(src, builder.mul(p0, _const(4)))
-            rows = [builder.load(_ptr(builder, builder.add(first, builder.mul(_const(k), plane)), _VF8),
-                                 align=4) for k in range(VF)]
-            for j, vec in enumerate(_transpose(builder, rows, VF)):
-                p = builder.add(p0, _const(j))
-                ih, iw = builder.sdiv(p, wd), builder.srem(p, wd)
-                at = builder.add(builder.mul(builder.add(ih, ph), wp), builder.add(iw, pw))
-                at = builder.add(dst, builder.mul(builder.mul(at, cbp), _const(4)))
-                builder.store(vec, _ptr(builder, at, _VF8), align=4)
-            return []
-
-        _loop(builder, nblk, [], blk)
-        return context.get_dummy_value()
-
-    return types.void(*[types.intp] * 9), codegen
-
-
-@intrinsic
-def _out_blocks_f32(typingctx, src, cbp, dst, plane, nblk):
-    """_out_blocks for float32: pixels [8q, 8q + 8) (pixel p's 8 channels at src + 4 * p * cbp)
-    into 8 channel planes (dst, plane bytes apart)."""
-
-    def codegen(context, builder, signature, args):
-        src, cbp, dst, plane, nblk = args
-
-        def blk(q, _):
-            p0 = builder.mul(q, _const(VF))
-            rows = [builder.load(_ptr(builder, builder.add(src, builder.mul(builder.mul(
-                builder.add(p0, _const(j)), cbp), _const(4))), _VF8), align=4) for j in range(VF)]
-            for k, vec in enumerate(_transpose(builder, rows, VF)):
-                at = builder.add(dst, builder.add(builder.mul(p0, _const(4)), builder.mul(_const(k), plane)))
-                builder.store(vec, _ptr(builder, at, _VF8), align=4)
-            return []
-
-        _loop(builder, nblk, [], blk)
-        return context.get_dummy_value()
-
-    return types.void(*[types.intp] * 5), codegen
+_in_blocks_f32, _out_blocks_f32 = _make_blocks(_VF8, VF, 4)
 
 
 def pays_f32(h: int, wd: int, ho: int, wo: int, sh: int) -> bool:
@@ -509,12 +480,7 @@ def _part_f32(out, x, wt, b, xp, tmp, b0, b1, sh, ph, pw, act, alpha):
         for v in range(full):
             _in_blocks_f32(np.int64(x.ctypes.data) + 4 * (im * c + c0 + v * VF) * hw, 4 * hw,
                            xa + 4 * v * VF, cbp, wd, wp, ph, pw, hw // VF)
-        for k in range(c1 - c0):
-            src = (im * c + c0 + k) * hw
-            p0 = hw - hw % VF if k < full * VF else 0
-            for p in range(p0, hw):
-                ih, iw = p // wd, p % wd
-                xp[np.uint64(((ih + ph) * wp + iw + pw) * cbp + k)] = xf[np.uint64(src + p)]
+        _tails_in(xp, xf, (im * c + c0) * hw, c1 - c0, full, VF, hw, wd, wp, ph, pw, cbp)
         if kt == 9:
             _image3f(xa, wa, wt.shape[1], ba, ta, b1 - b0, ho, wo, sh, cbp, wp, inner, alpha)
         else:
@@ -524,8 +490,4 @@ def _part_f32(out, x, wt, b, xp, tmp, b0, b1, sh, ph, pw, act, alpha):
         for v in range(full):
             dst = np.int64(out.ctypes.data) + 4 * (im * c + c0 + v * VF) * howo
             _out_blocks_f32(ta + 4 * v * VF, cbp, dst, 4 * howo, howo // VF)
-        for k in range(c1 - c0):
-            dst = (im * c + c0 + k) * howo
-            p0 = howo - howo % VF if k < full * VF else 0
-            for p in range(p0, howo):
-                of[np.uint64(dst + p)] = tmp[np.uint64(p * cbp + k)]
+        _tails_out(of, tmp, (im * c + c0) * howo, c1 - c0, full, VF, howo, cbp)
