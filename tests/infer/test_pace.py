@@ -110,6 +110,8 @@ def test_team_solo_and_finishing_solo_write_the_same_bytes(cnn, precision, split
         assert split_calls == (split == "1" and eng._pinned)
         eng.run(x)
         assert bound.pace is not None and eng.mode(len(x)) == "team"
+        # no parallel kernel in a solo call (Engine._solo leaves Numba's pool as it is)
+        assert not any(getattr(c.func, "serial", None) is not None for c in bound.solo.calls)
         same = np.testing.assert_array_equal
 
         _force(bound, False)
@@ -154,20 +156,21 @@ def test_an_error_in_a_solo_call_restores_the_threads(cnn, monkeypatch):
         eng.run(cnn["x"])
         bound = eng._bound[len(cnn["x"])]
 
-        def boom():
-            assert numba.get_num_threads() == 1  # inside a solo call
+        def boom():  # inside a solo call: BLAS on this thread alone, Numba's pool untouched
+            assert all(c.num_threads == 1 for c in pools.blas_controllers())
+            assert numba.get_num_threads() == 2
             raise RuntimeError("boom")
 
         bound.solo.calls.insert(2, partial(boom))
         _force(bound, True)
         with pytest.raises(RuntimeError, match="boom"):
             eng.run(cnn["x"])
-        assert numba.get_num_threads() == 2
+        assert all(c.num_threads == 2 for c in pools.blas_controllers())
         _force(bound, False)  # a team call that finishes solo meets it too
         monkeypatch.setattr(bound_mod, "call_until", partial(_stop_at, 0))
         with pytest.raises(RuntimeError, match="boom"):
             eng.run(cnn["x"])
-        assert numba.get_num_threads() == 2
+        assert all(c.num_threads == 2 for c in pools.blas_controllers())
 
 
 def test_adaptive_threads_off(cnn, monkeypatch):
