@@ -524,20 +524,26 @@ class Engine:
     def _solo_twin(self, bound: _Bound) -> _Bound:
         """The bound plan's calls on the calling thread alone: each parallel kernel as its
         serial twin (split GEMMs too: their parts one after another), so the same work on the
-        same parts and the same bytes out; no BLAS switches; between two calls that shrink
-        both pools to one thread and restore them.
+        same parts and the same bytes out; no per-call BLAS switches; where a call reaches
+        BLAS, between two calls that shrink its pool to one thread and restore it.
 
         NOTE: not the parallel kernels on a pool of one: under a busy neighbour each still
         entered OpenMP, and MobileNetV2's solo calls took 3.0 ms against 2.6 on 1 thread."""
-        calls, steps = [partial(self._solo, True)], [0]
+        from pocket.infer import kernels_blas as kbl
+
+        # NOTE: the switches only where a call reaches BLAS: around a plan of Numba kernels
+        # alone they cost 10-45 us a call and did nothing (Numba's pool: _solo)
+        blas = bool(self._blas) and any(c.func is np.matmul or c.func is kbl.gemm_parts
+                                        or c.func is kbl.gemv_parts for c in bound.calls)
+        calls, steps = ([partial(self._solo, True)], [0]) if blas else ([], [])
         bound.to_solo = []  # the index in the solo calls of what follows each team call
         for i, call in enumerate(bound.calls):
             if call.func != self._serial:
                 calls.append(_b.serial(call))
                 steps.append(bound.steps[i] if i < len(bound.steps) else len(self.graph.nodes))
             bound.to_solo.append(len(calls))
-        solo = _Bound(bound.inputs, bound.outputs, calls + [partial(self._solo, False)],
-                      serial_steps=True)
+        solo = _Bound(bound.inputs, bound.outputs, calls + ([partial(self._solo, False)] if blas else []),
+                      serial_steps=blas)
         solo.feed, solo.steps = self._feed(solo, steps), steps
         if solo.feed is None:  # (the same argument as the team's: never seen to differ)
             bound.feed = None
@@ -694,7 +700,8 @@ class Engine:
             stop = _b.call_until(bound.calls, fed, t + pace.deadline())
             if stop >= 0:  # the rest on the calling thread alone
                 at = bound.to_solo[stop]
-                self._solo(True)
+                if solo.serial_steps:  # (its calls end with the switch back)
+                    self._solo(True)
                 _b.call_all(solo.calls[at:], None if x is None or solo.feed[0] < at
                           else (solo.feed[0] - at, solo.feed[1], x))
         except BaseException:

@@ -12,7 +12,7 @@ from models import cnn_mnist, quantize_sequential, save_model
 
 from pocket.formats import reference as ref
 from pocket.formats.container import read_container
-from pocket.infer import Engine, kernels_tile, pools
+from pocket.infer import Engine, kernels_fma, kernels_tile, pools
 from pocket.infer import bound as bound_mod
 from pocket.infer import engine as engine_mod
 from pocket.infer import kernels_blas as kb
@@ -149,28 +149,42 @@ def _stop_at(stop, calls, fed, deadline):
     return stop
 
 
-def test_an_error_in_a_solo_call_restores_the_threads(cnn, monkeypatch):
+@pytest.mark.parametrize("blas", [True, False])
+def test_an_error_in_a_solo_call_restores_the_threads(cnn, blas, monkeypatch):
+    """A solo call shrinks BLAS's pool to one thread where a call reaches it (the portable
+    kernels: convs as BLAS GEMMs) and the pool is the engine's to size (not pinned), and
+    restores it on an error; Numba's pool it never touches."""
     numba = _two_threads()
     monkeypatch.setattr(engine_mod, "_PARALLEL_WORK", 0)
+    if blas:
+        monkeypatch.setattr(kernels_fma, "AVAILABLE", False)
+        monkeypatch.setattr(kernels_tile, "AVAILABLE", False)
+        monkeypatch.setattr(pools, "spin_policy", lambda *_: (False, False))  # BLAS keeps its pool
     with Engine(cnn["fp32"], threads=2, max_batch=8) as eng:
         eng.run(cnn["x"])
         bound = eng._bound[len(cnn["x"])]
+        reaches = any(c.func is np.matmul or c.func is kb.gemm_parts for c in bound.calls)
+        switches = bound.solo.serial_steps
+        assert switches == (reaches and bool(eng._blas))
+        assert switches or not blas
+        before = [c.num_threads for c in pools.blas_controllers()]
 
-        def boom():  # inside a solo call: BLAS on this thread alone, Numba's pool untouched
-            assert all(c.num_threads == 1 for c in pools.blas_controllers())
+        def boom():
+            assert [c.num_threads for c in pools.blas_controllers()] == ([1] * len(before) if switches
+                                                                          else before)
             assert numba.get_num_threads() == 2
             raise RuntimeError("boom")
 
-        bound.solo.calls.insert(2, partial(boom))
+        bound.solo.calls.insert(len(bound.solo.calls) - 1, partial(boom))
         _force(bound, True)
         with pytest.raises(RuntimeError, match="boom"):
             eng.run(cnn["x"])
-        assert all(c.num_threads == 2 for c in pools.blas_controllers())
+        assert [c.num_threads for c in pools.blas_controllers()] == before
         _force(bound, False)  # a team call that finishes solo meets it too
         monkeypatch.setattr(bound_mod, "call_until", partial(_stop_at, 0))
         with pytest.raises(RuntimeError, match="boom"):
             eng.run(cnn["x"])
-        assert all(c.num_threads == 2 for c in pools.blas_controllers())
+        assert [c.num_threads for c in pools.blas_controllers()] == before
 
 
 def test_adaptive_threads_off(cnn, monkeypatch):
