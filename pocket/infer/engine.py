@@ -165,7 +165,7 @@ class Engine:
             no_prep,
             padded_pairs,
         )
-        from pocket.infer.lowering_block import fusable_blocks, reserve
+        from pocket.infer.lowering_block import fusable_blocks, fusable_se_blocks, reserve, reserve_se
         from pocket.infer.lowering_vision import gated_convs
         from pocket.infer.routes import ROUTES
 
@@ -190,6 +190,10 @@ class Engine:
         ctx.blocks = self._blocks = fusable_blocks(ctx) if ctx.cpu.fma else {}
         for e in self._blocks:  # the block's sums and rows after the expand conv's own scratch
             reserve(ctx, e)
+        ctx.se_blocks = fusable_se_blocks(ctx) if ctx.cpu.fma else {}
+        ctx.se_projects = {v[3]: e for e, v in ctx.se_blocks.items()}
+        for e in ctx.se_blocks:
+            reserve_se(ctx, e)
         for conv_step, _ in self._gated.values():
             ROUTES["conv_fma_1x1"].gate_scratch(self._prep[conv_step], self.max_batch)
         self._plan_arena()
@@ -348,7 +352,7 @@ class Engine:
         g = self.graph
         root: dict[str, str] = {name: name for name in g.inputs}
         buffers: dict[str, _Buffer] = {}
-        from pocket.infer.lowering_block import block_steps
+        from pocket.infer.lowering_block import block_steps, se_end
 
         # {step: the input whose bytes its output is}: a ReLU the add before it writes
         # (fused_add_relus), a gate the conv after it takes into its weights (gated_convs)
@@ -407,6 +411,15 @@ class Engine:
                 buffers[root[v]].last = max(buffers[root[v]].last, last)
             buffers[root[end]].first = min(buffers[root[end]].first, e)
             buffers[f"#scratch{e}"].last = max(buffers[f"#scratch{e}"].last, last)
+        for e, (dw, gap, _, proj, _) in self._ctx.se_blocks.items():
+            # at batch 1 the expand step writes the depthwise map and its means, the project
+            # step the block's end
+            for v in (g.nodes[dw].outputs[0], g.nodes[gap].outputs[0]):
+                buffers[root[v]].first = min(buffers[root[v]].first, e)
+            dmap = buffers[root[g.nodes[dw].outputs[0]]]  # the project reads it (gated or not)
+            dmap.last = max(dmap.last, proj)
+            end = buffers[root[se_end(self._ctx, e)[1]]]
+            end.first = min(end.first, proj)
         for step, (conv_step, big) in self._gated.items():
             gate = buffers[root[g.nodes[step].inputs[1 - big]]]  # read by the conv's weights
             gate.last = max(gate.last, conv_step)

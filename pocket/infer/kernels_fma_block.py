@@ -23,8 +23,17 @@ import numpy as np
 from numba import njit, prange
 
 from pocket.infer.jit import kernel
-from pocket.infer.kernels_fma import TILE_P, _channels, _gemm_block, _rows_aligned, _tile_rows
+from pocket.infer.kernels_fma import (
+    TILE_P,
+    _channels,
+    _gemm_block,
+    _gemm_part,
+    _group,
+    _rows_aligned,
+    _tile_rows,
+)
 from pocket.infer.kernels_fma_dw import _flat_part, _part
+from pocket.infer.kernels_fma_dwcv import _cv_group
 
 
 @njit(cache=True)
@@ -94,3 +103,98 @@ def block_sum(out, psum, b3, res):
         else:
             for j in range(m):
                 out[r, j] = acc[j] + bo
+
+
+# --------------------------------------------------------------------------- squeeze-and-excitation
+#
+# MobileNetV3's and EfficientNet's blocks: expand -> depthwise -> [channel means -> FC -> FC ->
+# gate] -> project (its weights times the gate, lowering_vision.gated_convs) (-> residual add).
+# Run node by node on two threads, each parallel call split its work its own way: the project
+# read half of its inputs from the other core's cache and lost to its serial twin
+# (MobileNetV3-small's 40 x 240 @ 196: 36 us on two threads, 29 on one). Here a part (a run of
+# 16-channel groups) makes its channels' expand rows, depthwise planes and means (se_parts);
+# the gate's small FCs run as before; then the same part sums the project over its channels
+# (se_project), and block_sum adds the parts, the bias and the residual.
+
+DW_ROWS, DW_FLAT, DW_CV = 0, 1, 2
+_NO_BIAS = np.zeros(0, np.float32)  # se_parts' depthwise kernel: kernels_fma_dw's rows, flat; dwcv
+
+
+@njit(cache=True, inline="always")
+def se_channels(part, c, parts):
+    """[lo, hi): the channels of part `part` of `parts`, whole groups of 16."""
+    g0, g1 = _group(part, (c + 15) // 16, parts)
+    return g0 * 16, min(c, g1 * 16)
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _means(out, x, lo, hi):
+    """out[ch] = mean of x[ch] (C, P) for ch in lo..hi: kernels_fp32.global_avgpool's loop and
+    flags (float64 sums on vector lanes), so the same bits."""
+    p = x.shape[1]
+    for ch in range(lo, hi):
+        acc = 0.0
+        for i in range(p):
+            acc += x[ch, i]
+        out[ch] = acc / p
+
+
+@kernel
+def se_parts(means, e, d, x, w1, b1, epi1, offs1, kind, w2, b2, masks, scratch, sh, ph, pw, mode2, act2,
+             alpha2, parts):
+    """Batch 1, each of `parts` parts on its channels (se_channels): e (1, C1, H, W) = expand(x
+    (K, H*W)) (W1 (C1, K), b1, kernels_fma.gemm's epi1), d (1, C1, Ho, Wo) = the depthwise conv
+    of e and means (C1,) = d's channel means. kind: DW_ROWS (kernels_fma_dw's row kernels: w2
+    (C1, 1, k, k), b2, a scratch row a part), DW_FLAT (its flat kernel: w2, b2, masks) or DW_CV
+    (kernels_fma_dwcv: w2 = its pack(w), b2 = kernels_fma_cv.pad_bias(b), a scratch row a part).
+    The activation as kernels_fma_dw's (mode2, act2, alpha2)."""
+    c1, k = w1.shape
+    m1 = e.shape[2] * e.shape[3]
+    tr1 = _tiles(m1, c1, x, offs1)[1]
+    flat_e, flat_d = e.reshape(c1, m1), d.reshape(c1, -1)
+    for part in prange(parts):
+        lo, hi = se_channels(part, c1, parts)
+        if hi <= lo:
+            continue
+        # (kernels_fma.gemm's own loops and blocking, on the part's channels)
+        _gemm_part(0, flat_e[lo:hi], w1[lo:hi], x, offs1, hi - lo, m1, 0, 0, k, 0, m1, b1[lo:hi], epi1, 1, 1,
+                   tr1)
+        if kind == DW_CV:
+            for g in range(lo // 16, (hi + 15) // 16):
+                _cv_group(d, e, w2, b2, scratch[part], g, sh, ph, pw, mode2, act2, alpha2)
+        elif kind == DW_FLAT:
+            _flat_part(d, e, w2, b2, masks, lo, hi, ph, pw, mode2, act2, alpha2)
+        else:
+            _part(d, e, w2, b2, scratch[part], lo, hi, sh, ph, pw, mode2, act2, alpha2)
+        _means(means, flat_d, lo, hi)
+
+
+@kernel
+def se_project(psum, d, w3, gate, wg, offs3, rows):
+    """psum[p] (C3, P) = W3 (C3, C1)[:, channels of part p] @ d[those channels] (C1, P) times
+    the gate (C1,) (no bias), the parts (psum.shape[0]) on se_parts' channels; block_sum adds
+    them. The gate multiplies the weights (float32 products into wg (C3, C1): lowering_vision's
+    gated_convs) or, with `rows`, d's rows in place (kernels_vision.mul_rows' products)."""
+    parts, c3, m2 = psum.shape
+    c1 = w3.shape[1]
+    tr3 = _tiles(m2, c3, d, offs3)[1]
+    for part in prange(parts):
+        lo, hi = se_channels(part, c1, parts)
+        if hi <= lo:
+            continue
+        # (unsigned indices: no wraparound test, so LLVM vectorizes the loops)
+        if rows:
+            for j in range(lo, hi):
+                row, g = d[j], gate[j]
+                for i in range(m2):
+                    row[np.uint64(i)] *= g
+            w = w3
+        else:
+            for r in range(c3):
+                src, dst = w3[r], wg[r]
+                for j in range(lo, hi):
+                    u = np.uint64(j)
+                    dst[u] = src[u] * gate[u]
+            w = wg
+        _gemm_part(0, psum[part], w[:, lo:hi], d, offs3[lo:hi], c3, m2, 0, 0, c1, 0, m2, _NO_BIAS, 0, 1, 1,
+                   tr3)

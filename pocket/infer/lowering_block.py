@@ -13,8 +13,11 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_fma_block as kb
+from pocket.infer import kernels_fma_cv as kcv
+from pocket.infer import kernels_fma_dwcv as kdc
 from pocket.infer.lowering_common import _act_alpha, _act_code, append_scratch, register_epi
 from pocket.infer.plan import PlanContext
+from pocket.infer.routes.base import prepared
 
 _NO_RESIDUAL = np.zeros((0, 1), np.float32)
 _NO_ROWS = np.zeros((0, 1), np.float32)  # (the flat depthwise kernel: no row scratch)
@@ -53,13 +56,7 @@ def fusable_blocks(ctx: PlanContext) -> dict[int, tuple[int, int, int | None]]:
                 or not _pointwise(ctx, proj) or _act_code(g.nodes[proj].attrs) != 0
                 or proj in ctx.pool_after):
             continue
-        add = ctx.only_reader(g.nodes[proj].outputs[0])
-        if add is not None:
-            a = g.nodes[add]
-            if (a.op != "add" or add in ctx.add_relu or ctx.infos[a.outputs[0]].dtype != "f32"
-                    or any(v in ctx.params or ctx.sample[v] != ctx.sample[a.outputs[0]] for v in a.inputs)):
-                add = None
-        blocks[e] = (dw, proj, add)
+        blocks[e] = (dw, proj, _residual(ctx, proj))
     return blocks
 
 
@@ -112,4 +109,169 @@ def bind_block(ctx: PlanContext, e: int) -> list:
     return [partial(kb.block_parts, psum, ev, dv, x, d1["w2"], d1["b_reg"], epi1, d1["offs"], d2["w"],
                     d2["b"], masks, rows, sh, ph, pw, -1 if epi2 is None else epi2 - 1, _act_code(a2),
                     _act_alpha(a2), d3["w2"], d3["offs"]),
+            partial(kb.block_sum, out, psum, d3["b_reg"], res)]
+
+
+# --------------------------------------------------------------------------- squeeze-and-excitation
+
+_DW_KIND = {"row": kb.DW_ROWS, "masks": kb.DW_FLAT, "cv": kb.DW_CV}
+
+
+def fusable_se_blocks(ctx: PlanContext) -> dict[int, tuple[int, int, int, int, int | None]]:
+    """{expand step: (depthwise step, means step, gate mul step, project step, add step or
+    None)} for each squeeze-and-excitation block kernels_fma_block's se_parts and se_project
+    take: a 1x1 conv as fusable_blocks' expand, a depthwise conv on any kernel of
+    conv_fma_depthwise (rows, flat, kernels_fma_dwcv), whose output only a global average pool
+    and a gate mul (by a (C, 1, 1) value) read, then a 1x1 conv on kernels_fma.gemm or _cv with
+    no activation that the mul's gate goes into (its weights: gated_convs; else the map's
+    rows), and where the project's only reader is one, the residual add as fusable_blocks'."""
+    found = {}
+    g = ctx.graph
+    for e, node in enumerate(g.nodes):
+        if (node.op != "conv2d" or not _pointwise(ctx, e) or e in ctx.pool_after or e in ctx.blocks
+                or register_epi(_act_code(node.attrs), _act_alpha(node.attrs)) is None):
+            continue
+        dw = ctx.only_reader(node.outputs[0])
+        if dw is None or g.nodes[dw].op != "conv2d" or g.nodes[dw].inputs[0] != node.outputs[0]:
+            continue
+        d2 = ctx.prep[dw]
+        if (d2.get("route") != "conv_fma_depthwise" or dw in ctx.pool_after
+                or not any(key in d2 for key in _DW_KIND)):
+            continue
+        dv = g.nodes[dw].outputs[0]
+        readers = ctx.readers.get(dv, [])
+        if len(readers) != 2 or dv in g.outputs:
+            continue
+        gap = next((r for r in readers if g.nodes[r].op == "global_avgpool"), None)
+        mul = next((r for r in readers if g.nodes[r].op == "mul"), None)
+        if gap is None or mul is None or g.nodes[gap].outputs[0] in g.outputs or _gate(ctx, mul, dv) is None:
+            continue
+        proj = ctx.gated[mul][0] if mul in ctx.gated else ctx.only_reader(g.nodes[mul].outputs[0])
+        if (proj is None or g.nodes[proj].op != "conv2d" or g.nodes[proj].inputs[0] != g.nodes[mul].outputs[0]
+                or ctx.prep[proj].get("route") != "conv_fma_1x1" or ctx.prep[proj]["p"] <= 1
+                or _act_code(g.nodes[proj].attrs) != 0 or proj in ctx.pool_after):
+            continue
+        found[e] = (dw, gap, mul, proj, _residual(ctx, proj))
+    return found
+
+
+def _gate(ctx: PlanContext, mul: int, dv: str) -> str | None:
+    """The gate of mul step `mul` over map dv: its other input, of shape (C, 1, 1) against
+    dv's (C, H, W) (a computed value), or None."""
+    ins = ctx.graph.nodes[mul].inputs
+    if len(ins) != 2 or dv not in ins or ins[0] == ins[1]:
+        return None
+    gate = ins[1] if ins[0] == dv else ins[0]
+    shape = ctx.sample[dv]
+    if gate in ctx.params or len(shape) != 3 or ctx.sample[gate] != (shape[0], 1, 1):
+        return None
+    return gate
+
+
+def _residual(ctx: PlanContext, proj: int) -> int | None:
+    """The add that is the only reader of conv proj's output, where it is a float32 add of two
+    computed values of the same shape (the block's residual), or None."""
+    g = ctx.graph
+    add = ctx.only_reader(g.nodes[proj].outputs[0])
+    if add is None:
+        return None
+    a = g.nodes[add]
+    if (a.op != "add" or add in ctx.add_relu or ctx.infos[a.outputs[0]].dtype != "f32"
+            or any(v in ctx.params or ctx.sample[v] != ctx.sample[a.outputs[0]] for v in a.inputs)):
+        return None
+    return add
+
+
+def se_end(ctx: PlanContext, e: int) -> tuple[int, str]:
+    """The last step of SE block e and the value it ends with (the add's, or the project's)."""
+    _, _, _, proj, add = ctx.se_blocks[e]
+    last = add if add is not None else proj
+    return last, ctx.graph.nodes[last].outputs[0]
+
+
+def reserve_se(ctx: PlanContext, e: int) -> None:
+    """Room for SE block e: a depthwise scratch row a part in the expand conv's scratch
+    (se_dw_at), the project's partial sums in the project's (se_at); one part a thread of the
+    engine's as it plans (at most that many later: _se_parts)."""
+    dw, _, _, proj, _ = ctx.se_blocks[e]
+    d1, d2, d3 = ctx.prep[e], ctx.prep[dw], ctx.prep[proj]
+    parts = d1["se_parts"] = max(1, ctx.threads)
+    row = d2.get("cv", d2.get("row", 1))
+    d1["se_row"] = row
+    d1["se_dw_at"] = append_scratch(d1, parts * row * 4)
+    d3["se_at"] = append_scratch(d3, parts * d3["o"] * d3["p"] * 4)
+
+
+def _se_parts(ctx: PlanContext, e: int) -> int:
+    """The parts SE block e's two calls split into at batch 1 (se_channels' groups of 16)."""
+    dw, _, _, proj, _ = ctx.se_blocks[e]
+    d1, d2, d3 = ctx.prep[e], ctx.prep[dw], ctx.prep[proj]
+    geo = d2["geo"]
+    taps = geo.c * geo.ho * geo.wo * geo.kh * geo.kw
+    work = 4 * d1["o"] * (d1["p"] * d1["k"] + d3["p"] * d3["o"]) + 4 * taps
+    if not ctx.parallel(work):
+        return 1
+    return max(1, min(ctx.threads, d1["se_parts"], -(-d1["o"] // 16)))
+
+
+def se_split(ctx: PlanContext, e: int) -> bool:
+    """Whether SE block e binds as its parts: where they are two or more. On one part the
+    nodes' own calls ran 2-3% faster (MobileNetV3-small, one thread), so a 1-thread plan keeps
+    them."""
+    return _se_parts(ctx, e) > 1
+
+
+def bind_se_block(ctx: PlanContext, e: int) -> list:
+    """SE block e's first call at batch 1 (se_parts: expand, depthwise, means); the depthwise
+    and means steps go to ctx.skip (the gate's FCs run as their own steps)."""
+    g = ctx.graph
+    dw, gap, mul, _, _ = ctx.se_blocks[e]
+    ctx.skip.update((dw, gap, mul))
+    d1, d2 = ctx.prep[e], ctx.prep[dw]
+    k, c1, m = d1["k"], d1["o"], d1["p"]
+    x = ctx.view(g.nodes[e].inputs[0], 1).reshape(k, m)
+    ev, dv = ctx.view(g.nodes[e].outputs[0], 1), ctx.view(g.nodes[dw].outputs[0], 1)
+    means = ctx.view(g.nodes[gap].outputs[0], 1).reshape(c1)
+    a1, a2 = g.nodes[e].attrs, g.nodes[dw].attrs
+    epi1 = register_epi(_act_code(a1), _act_alpha(a1))
+    epi2 = register_epi(_act_code(a2), _act_alpha(a2))
+    parts = _se_parts(ctx, e)
+    scratch = ctx.scratch(e, np.float32, (parts, d1["se_row"]), d1["se_dw_at"])
+    kind = next(_DW_KIND[key] for key in _DW_KIND if key in d2)
+    if kind == kb.DW_CV:
+        w2 = prepared(d2, "wpk", lambda: kdc.pack(d2["w"]))
+        b2 = prepared(d2, "bpk", lambda: kcv.pad_bias(d2["b"], c1))
+    else:
+        w2, b2 = d2["w"], d2["b"]
+    masks = d2["masks"] if kind == kb.DW_FLAT else _NO_MASKS
+    _, _, sh, _, ph, pw, _, _ = d2["geom"]
+    return [partial(kb.se_parts, means, ev, dv, x, d1["w2"], d1["b_reg"], epi1, d1["offs"], kind, w2, b2,
+                    masks, scratch, sh, ph, pw, -1 if epi2 is None else epi2 - 1, _act_code(a2),
+                    _act_alpha(a2), parts)]
+
+
+def bind_se_project(ctx: PlanContext, e: int) -> list:
+    """SE block e's project at batch 1: se_project on bind_se_block's parts, then block_sum
+    (the bias and the residual); the add step goes to ctx.skip."""
+    g = ctx.graph
+    _, _, mul, proj, add = ctx.se_blocks[e]
+    if add is not None:
+        ctx.skip.add(add)
+    d3 = ctx.prep[proj]
+    c3, c1, m2 = d3["o"], d3["k"], d3["p"]
+    dw = ctx.se_blocks[e][0]
+    dname = g.nodes[dw].outputs[0]
+    gate = ctx.view(_gate(ctx, mul, dname), 1).reshape(c1)
+    dv = ctx.view(dname, 1).reshape(c1, m2)
+    parts = _se_parts(ctx, e)
+    psum = ctx.scratch(proj, np.float32, (parts, c3, m2), d3["se_at"])
+    rows = mul not in ctx.gated  # (the gate on the map's rows, as mul_rows: see se_project)
+    wg = _NO_ROWS if rows else ctx.scratch(proj, np.float32, (c3, c1), d3["gate_at"])
+    out = ctx.view(se_end(ctx, e)[1], 1).reshape(c3, m2)
+    res = _NO_RESIDUAL
+    if add is not None:
+        pv = g.nodes[proj].outputs[0]
+        other = [v for v in g.nodes[add].inputs if v != pv] or [pv]
+        res = ctx.view(other[0], 1).reshape(c3, m2)
+    return [partial(kb.se_project, psum, dv, d3["w2"], gate, wg, d3["offs"], rows),
             partial(kb.block_sum, out, psum, d3["b_reg"], res)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pocket.formats.ir import Node
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import routes
-from pocket.infer.lowering_block import bind_block
+from pocket.infer.lowering_block import bind_block, bind_se_block, bind_se_project, se_split
 from pocket.infer.lowering_common import _pool_geom
 from pocket.infer.plan import PlanContext
 from pocket.infer.routes.base import route_at, route_of
@@ -44,6 +44,10 @@ def fusable_pools(ctx: PlanContext) -> dict[int, int]:
 def _b_conv2d(ctx: PlanContext, step: int, node: Node, n: int) -> list:
     if n == 1 and step in ctx.blocks:  # an inverted residual block as one call (lowering_block)
         return bind_block(ctx, step)
+    if n == 1 and step in ctx.se_blocks and se_split(ctx, step):  # a squeeze-and-excitation block's
+        return bind_se_block(ctx, step)  # parts (the same)
+    if n == 1 and step in ctx.se_projects and se_split(ctx, ctx.se_projects[step]):
+        return bind_se_project(ctx, ctx.se_projects[step])
     route, d = route_at(ctx, step, n)
     # a fused maxpool: the conv writes the pooled output; its own output buffer goes unused
     pool = None

@@ -79,6 +79,8 @@ class PlanContext:
     gated: dict[int, tuple[int, int]] = field(default_factory=dict)  # lowering_vision.gated_convs
     add_relu: dict[int, int] = field(default_factory=dict)  # lowering.fused_add_relus
     blocks: dict[int, tuple] = field(default_factory=dict)  # lowering_block.fusable_blocks
+    se_blocks: dict[int, tuple] = field(default_factory=dict)  # lowering_block.fusable_se_blocks
+    se_projects: dict[int, int] = field(default_factory=dict)  # {project step: its block's expand}
     skip: set[int] = field(default_factory=set)
     parallel: Callable[[int], bool] = field(default=lambda work: False)
     # the same for an element-wise kernel whose largest array has this many elements

@@ -187,6 +187,12 @@ def call_work(call: partial, spinning: bool = False) -> int:
     # cnn_cifar fp32 batch 1: 2.25 -> 1.9 ms)
     if call.func is kfma.gemm:  # nb GEMMs of (o, K) @ (K, m)
         return 4 * call.args[4] * call.args[5] * call.args[6] * call.args[3].shape[0]
+    if call.func is kb.se_parts:  # means, e (1, C1, H, W), d (1, C1, Ho, Wo), x (K, H*W), ..., w2
+        e, d, x, w2 = call.args[1], call.args[2], call.args[3], call.args[9]
+        taps = w2.shape[1] if call.args[8] == kb.DW_CV else w2[0].size
+        return 4 * e.size * x.shape[0] + 4 * d.size * taps
+    if call.func is kb.se_project:  # psum (parts, C3, P), d (C1, P): one GEMM
+        return 4 * call.args[0].shape[1] * call.args[1].size
     if call.func is kb.block_parts:  # psum (parts, C3, P2), e (1, C1, H, W), d, x (K, H*W): 2 GEMMs
         psum, e, x = call.args[0], call.args[1], call.args[3]
         return 4 * e.size * x.shape[0] + 4 * psum.shape[1] * psum.shape[2] * e.shape[1]
