@@ -352,7 +352,7 @@ class Engine:
         g = self.graph
         root: dict[str, str] = {name: name for name in g.inputs}
         buffers: dict[str, _Buffer] = {}
-        from pocket.infer.lowering_block import block_steps, se_end
+        from pocket.infer.lowering_block import block_lifetimes
 
         # {step: the input whose bytes its output is}: a ReLU the add before it writes
         # (fused_add_relus), a gate the conv after it takes into its weights (gated_convs)
@@ -403,23 +403,7 @@ class Engine:
         for a_step, b_step in self._pad_after.items():
             # a conv that writes the next one's padded images while it still reads its own
             buffers[f"#scratch{b_step}"].first = a_step
-        for e, (dw, _, _) in self._blocks.items():
-            # at batch 1 the expand step writes the block's maps, its partial sums and its end
-            last, end = block_steps(self._ctx, e)
-            for v in (g.nodes[e].outputs[0], g.nodes[dw].outputs[0]):
-                buffers[root[v]].first = min(buffers[root[v]].first, e)
-                buffers[root[v]].last = max(buffers[root[v]].last, last)
-            buffers[root[end]].first = min(buffers[root[end]].first, e)
-            buffers[f"#scratch{e}"].last = max(buffers[f"#scratch{e}"].last, last)
-        for e, (dw, gap, _, proj, _) in self._ctx.se_blocks.items():
-            # at batch 1 the expand step writes the depthwise map and its means, the project
-            # step the block's end
-            for v in (g.nodes[dw].outputs[0], g.nodes[gap].outputs[0]):
-                buffers[root[v]].first = min(buffers[root[v]].first, e)
-            dmap = buffers[root[g.nodes[dw].outputs[0]]]  # the project reads it (gated or not)
-            dmap.last = max(dmap.last, proj)
-            end = buffers[root[se_end(self._ctx, e)[1]]]
-            end.first = min(end.first, proj)
+        block_lifetimes(self._ctx, buffers, root)
         for step, (conv_step, big) in self._gated.items():
             gate = buffers[root[g.nodes[step].inputs[1 - big]]]  # read by the conv's weights
             gate.last = max(gate.last, conv_step)

@@ -67,6 +67,28 @@ def block_steps(ctx: PlanContext, e: int) -> tuple[int, str]:
     return last, ctx.graph.nodes[last].outputs[0]
 
 
+def block_lifetimes(ctx: PlanContext, buffers: dict, root: dict) -> None:
+    """The arena's lifetimes (Engine._plan_arena's buffers of each value's root) as the fused
+    blocks bind at batch 1: an inverted residual block's expand step writes its maps, partial
+    sums and end; an SE block's writes the depthwise map and its means, and its project step
+    reads that map (gated or not) and writes the block's end."""
+    g = ctx.graph
+    for e, (dw, _, _) in ctx.blocks.items():
+        last, end = block_steps(ctx, e)
+        for v in (g.nodes[e].outputs[0], g.nodes[dw].outputs[0]):
+            buffers[root[v]].first = min(buffers[root[v]].first, e)
+            buffers[root[v]].last = max(buffers[root[v]].last, last)
+        buffers[root[end]].first = min(buffers[root[end]].first, e)
+        buffers[f"#scratch{e}"].last = max(buffers[f"#scratch{e}"].last, last)
+    for e, (dw, gap, _, proj, _) in ctx.se_blocks.items():
+        for v in (g.nodes[dw].outputs[0], g.nodes[gap].outputs[0]):
+            buffers[root[v]].first = min(buffers[root[v]].first, e)
+        dmap = buffers[root[g.nodes[dw].outputs[0]]]
+        dmap.last = max(dmap.last, proj)
+        end = buffers[root[se_end(ctx, e)[1]]]
+        end.first = min(end.first, proj)
+
+
 def reserve(ctx: PlanContext, e: int) -> None:
     """Room in the expand conv's scratch for block e's partial sums and the depthwise row
     kernels' rows (block_at, rows_at), one part a thread of the engine's as it plans (at most
