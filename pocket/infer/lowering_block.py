@@ -139,6 +139,16 @@ def bind_block(ctx: PlanContext, e: int) -> list:
 _DW_KIND = {"row": kb.DW_ROWS, "masks": kb.DW_FLAT, "cv": kb.DW_CV}
 
 
+# The SE blocks that split by channels (fusable_se_blocks). NOTE: interleaved A/B against the
+# node calls, EfficientNet-B0 at two threads, team / solo calls: its first two blocks (96 x 112 x
+# 112 and 144 x 56 x 56 expanded maps, 4.8 and 1.8 MB) lost both ways (778 -> 812 / 1320 ->
+# 1500 us, 540 -> 575 / 940 -> 954); one whose project runs on kernels_fma_cv over 49 pixels
+# (672 -> 192 at 7 x 7) lost 10% solo for nothing in team; those of 240 x 28 x 28 and smaller,
+# and kernels_fma_cv projects over 196 pixels, won 8-13% in team for 0-8% solo.
+SE_MAP_BYTES = 1 << 20  # at most this much expanded map
+SE_CV_PIXELS = 64  # a project on kernels_fma_cv: at least this many pixels
+
+
 def fusable_se_blocks(ctx: PlanContext) -> dict[int, tuple[int, int, int, int, int | None]]:
     """{expand step: (depthwise step, means step, gate mul step, project step, add step or
     None)} for each squeeze-and-excitation block kernels_fma_block's se_parts and se_project
@@ -146,7 +156,8 @@ def fusable_se_blocks(ctx: PlanContext) -> dict[int, tuple[int, int, int, int, i
     conv_fma_depthwise (rows, flat, kernels_fma_dwcv), whose output only a global average pool
     and a gate mul (by a (C, 1, 1) value) read, then a 1x1 conv on kernels_fma.gemm or _cv with
     no activation that the mul's gate goes into (its weights: gated_convs; else the map's
-    rows), and where the project's only reader is one, the residual add as fusable_blocks'."""
+    rows), and where the project's only reader is one, the residual add as fusable_blocks';
+    within SE_MAP_BYTES and SE_CV_PIXELS."""
     found = {}
     g = ctx.graph
     for e, node in enumerate(g.nodes):
@@ -172,6 +183,9 @@ def fusable_se_blocks(ctx: PlanContext) -> dict[int, tuple[int, int, int, int, i
         if (proj is None or g.nodes[proj].op != "conv2d" or g.nodes[proj].inputs[0] != g.nodes[mul].outputs[0]
                 or ctx.prep[proj].get("route") != "conv_fma_1x1" or ctx.prep[proj]["p"] <= 1
                 or _act_code(g.nodes[proj].attrs) != 0 or proj in ctx.pool_after):
+            continue
+        d1, d3 = ctx.prep[e], ctx.prep[proj]
+        if d1["o"] * d1["p"] * 4 > SE_MAP_BYTES or ("cv_parts" in d3 and d3["p"] < SE_CV_PIXELS):
             continue
         found[e] = (dw, gap, mul, proj, _residual(ctx, proj))
     return found
