@@ -60,6 +60,16 @@ def fusable_blocks(ctx: PlanContext) -> dict[int, tuple[int, int, int | None]]:
     return blocks
 
 
+def _residual_view(ctx: PlanContext, proj: int, add: int | None, shape: tuple[int, int]) -> np.ndarray:
+    """The residual a block's last call adds at batch 1: add's other input (its only one when
+    it adds the project's output to itself), or none."""
+    if add is None:
+        return _NO_RESIDUAL
+    pv = ctx.graph.nodes[proj].outputs[0]
+    other = [v for v in ctx.graph.nodes[add].inputs if v != pv] or [pv]
+    return ctx.view(other[0], 1).reshape(shape)
+
+
 def block_steps(ctx: PlanContext, e: int) -> tuple[int, str]:
     """The last step of block e and the value it ends with (the add's, or the project's)."""
     dw, proj, add = ctx.blocks[e]
@@ -112,11 +122,7 @@ def bind_block(ctx: PlanContext, e: int) -> list:
     ev = ctx.view(g.nodes[e].outputs[0], 1)
     dv = ctx.view(g.nodes[dw].outputs[0], 1)
     out = ctx.view(block_steps(ctx, e)[1], 1).reshape(c3, m2)
-    res = _NO_RESIDUAL
-    if add is not None:
-        pv = g.nodes[proj].outputs[0]
-        other = [v for v in g.nodes[add].inputs if v != pv] or [pv]
-        res = ctx.view(other[0], 1).reshape(c3, m2)
+    res = _residual_view(ctx, proj, add, (c3, m2))
     a1, a2 = g.nodes[e].attrs, g.nodes[dw].attrs
     epi1 = register_epi(_act_code(a1), _act_alpha(a1))
     epi2 = register_epi(_act_code(a2), _act_alpha(a2))
@@ -304,10 +310,6 @@ def bind_se_project(ctx: PlanContext, e: int) -> list:
     rows = mul not in ctx.gated  # (the gate on the map's rows, as mul_rows: see se_project)
     wg = _NO_ROWS if rows else ctx.scratch(proj, np.float32, (c3, c1), d3["gate_at"])
     out = ctx.view(se_end(ctx, e)[1], 1).reshape(c3, m2)
-    res = _NO_RESIDUAL
-    if add is not None:
-        pv = g.nodes[proj].outputs[0]
-        other = [v for v in g.nodes[add].inputs if v != pv] or [pv]
-        res = ctx.view(other[0], 1).reshape(c3, m2)
+    res = _residual_view(ctx, proj, add, (c3, m2))
     return [partial(kb.se_project, psum, dv, d3["w2"], gate, wg, d3["offs"], rows),
             partial(kb.block_sum, out, psum, d3["b_reg"], res)]
