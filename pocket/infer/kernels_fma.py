@@ -556,18 +556,28 @@ def gemm_pixels(c, w, x, offs, o, m, ldw, ldc, b, epi, parts):
         _gemm_part(t, c, w, x, offs, o, m, 0, 0, ldw, 0, ldc, b, epi, n_g, 1, tr)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, tr):
     """Part t of gemm (same arguments): item t // (n_g*n_o), its pixel group (of the n_g that
     share the item's tiles evenly) and channels (of the n_o splits of its tiles of tr).
 
+    NOTE: the arrays' addresses into _gemm_part_at, compiled once: with the body here, each
+    caller's array types (a layout, a read-only flag) compiled it again, ~3 s each and 48 of
+    them in the test suite's cache; a new caller type now costs ~1.3 s."""
+    i = np.int64  # (one signature whatever integer types the callers pass)
+    _gemm_part_at(i(t), i(c.ctypes.data), i(w.ctypes.data), i(x.ctypes.data), i(offs.ctypes.data),
+                  i(offs.shape[0]), i(w.size * 4), i(o), i(m), i(xs), i(ws), i(ldw), i(cs), i(ldc),
+                  i(b.ctypes.data), i(epi), i(n_g), i(n_o), i(tr))
+
+
+@njit(cache=True)
+def _gemm_part_at(t, ca, wa, xa, oa, k, w_bytes, o, m, xs, ws, ldw, cs, ldc, ba, epi, n_g, n_o, tr):
+    """_gemm_part on addresses (bytes): C, W, X, offs, the bias; k = offs' rows, w_bytes W's.
+
     NOTE: the threads take equal runs of the parts: groups of GROUP_P tiles and a remainder
     left one thread twice the other's pixels where 23 tiles (a 27 x 27 map) split 16 + 7
     (SqueezeNet's 27 x 27 convs ran 1.0-1.5x faster on two threads, not 2x)."""
-    k = offs.shape[0]
-    wa, xa, ca, oa = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
-                      np.int64(offs.ctypes.data))
-    ba, relu = np.int64(b.ctypes.data), np.int64(max(epi - 1, 0))  # the tiles' mode
+    relu = np.int64(max(epi - 1, 0))  # the tiles' mode
     n_p = (m + TILE_P - 1) // TILE_P
     item, rest = t // (n_g * n_o), t % (n_g * n_o)
     g = rest // n_o
@@ -586,7 +596,7 @@ def _gemm_part(t, c, w, x, offs, o, m, xs, ws, ldw, cs, ldc, b, epi, n_g, n_o, t
                     _gemm_block(wa + (item * ws + k0) * 4, ldw, xb, oa + k0 * 8, nk, cb, ldc, k0,
                                 k0 + nk == k, o0, o1, tr, q0, min(p1, q0 + 2), m, ba, epi, relu)
         return
-    kb = _block_k(p1 - p0, m, k, w.size * 4)
+    kb = _block_k(p1 - p0, m, k, w_bytes)
     for k0 in range(0, k, kb):
         nk = min(kb, k - k0)
         _gemm_block(wa + (item * ws + k0) * 4, ldw, xb, oa + k0 * 8, nk, cb, ldc, k0, k0 + nk == k,
