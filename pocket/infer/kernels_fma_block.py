@@ -34,6 +34,7 @@ from pocket.infer.kernels_fma import (
 )
 from pocket.infer.kernels_fma_dw import _flat_part, _part
 from pocket.infer.kernels_fma_dwcv import _cv_group
+from pocket.infer.kernels_fp32 import mean_row
 
 
 @njit(cache=True)
@@ -116,8 +117,8 @@ def block_sum(out, psum, b3, res):
 # the gate's small FCs run as before; then the same part sums the project over its channels
 # (se_project), and block_sum adds the parts, the bias and the residual.
 
-DW_ROWS, DW_FLAT, DW_CV = 0, 1, 2
-_NO_BIAS = np.zeros(0, np.float32)  # se_parts' depthwise kernel: kernels_fma_dw's rows, flat; dwcv
+DW_ROWS, DW_FLAT, DW_CV = 0, 1, 2  # se_parts' depthwise kernel: kernels_fma_dw's rows, flat; dwcv
+_NO_BIAS = np.zeros(0, np.float32)
 
 
 @njit(cache=True, inline="always")
@@ -125,18 +126,6 @@ def se_channels(part, c, parts):
     """[lo, hi): the channels of part `part` of `parts`, whole groups of 16."""
     g0, g1 = _group(part, (c + 15) // 16, parts)
     return g0 * 16, min(c, g1 * 16)
-
-
-@njit(cache=True, fastmath={"reassoc"})
-def _means(out, x, lo, hi):
-    """out[ch] = mean of x[ch] (C, P) for ch in lo..hi: kernels_fp32.global_avgpool's loop and
-    flags (float64 sums on vector lanes), so the same bits."""
-    p = x.shape[1]
-    for ch in range(lo, hi):
-        acc = 0.0
-        for i in range(p):
-            acc += x[ch, i]
-        out[ch] = acc / p
 
 
 @kernel
@@ -166,7 +155,8 @@ def se_parts(means, e, d, x, w1, b1, epi1, offs1, kind, w2, b2, masks, scratch, 
             _flat_part(d, e, w2, b2, masks, lo, hi, ph, pw, mode2, act2, alpha2)
         else:
             _part(d, e, w2, b2, scratch[part], lo, hi, sh, ph, pw, mode2, act2, alpha2)
-        _means(means, flat_d, lo, hi)
+        for ch in range(lo, hi):  # (global_avgpool's mean, so the same bits)
+            means[ch] = mean_row(flat_d[ch])
 
 
 @kernel

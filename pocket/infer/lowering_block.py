@@ -72,7 +72,11 @@ def _residual_view(ctx: PlanContext, proj: int, add: int | None, shape: tuple[in
 
 def block_steps(ctx: PlanContext, e: int) -> tuple[int, str]:
     """The last step of block e and the value it ends with (the add's, or the project's)."""
-    dw, proj, add = ctx.blocks[e]
+    _, proj, add = ctx.blocks[e]
+    return _end(ctx, proj, add)
+
+
+def _end(ctx: PlanContext, proj: int, add: int | None) -> tuple[int, str]:
     last = add if add is not None else proj
     return last, ctx.graph.nodes[last].outputs[0]
 
@@ -227,8 +231,7 @@ def _residual(ctx: PlanContext, proj: int) -> int | None:
 def se_end(ctx: PlanContext, e: int) -> tuple[int, str]:
     """The last step of SE block e and the value it ends with (the add's, or the project's)."""
     _, _, _, proj, add = ctx.se_blocks[e]
-    last = add if add is not None else proj
-    return last, ctx.graph.nodes[last].outputs[0]
+    return _end(ctx, proj, add)
 
 
 def reserve_se(ctx: PlanContext, e: int) -> None:
@@ -296,12 +299,11 @@ def bind_se_project(ctx: PlanContext, e: int) -> list:
     """SE block e's project at batch 1: se_project on bind_se_block's parts, then block_sum
     (the bias and the residual); the add step goes to ctx.skip."""
     g = ctx.graph
-    _, _, mul, proj, add = ctx.se_blocks[e]
+    dw, _, mul, proj, add = ctx.se_blocks[e]
     if add is not None:
         ctx.skip.add(add)
     d3 = ctx.prep[proj]
     c3, c1, m2 = d3["o"], d3["k"], d3["p"]
-    dw = ctx.se_blocks[e][0]
     dname = g.nodes[dw].outputs[0]
     gate = ctx.view(_gate(ctx, mul, dname), 1).reshape(c1)
     dv = ctx.view(dname, 1).reshape(c1, m2)

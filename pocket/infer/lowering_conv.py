@@ -44,8 +44,9 @@ def fusable_pools(ctx: PlanContext) -> dict[int, int]:
 def _b_conv2d(ctx: PlanContext, step: int, node: Node, n: int) -> list:
     if n == 1 and step in ctx.blocks:  # an inverted residual block as one call (lowering_block)
         return bind_block(ctx, step)
-    if n == 1 and step in ctx.se_blocks and se_split(ctx, step):  # a squeeze-and-excitation block's
-        return bind_se_block(ctx, step)  # parts (the same)
+    # a squeeze-and-excitation block's parts at batch 1 on 2+ threads (lowering_block)
+    if n == 1 and step in ctx.se_blocks and se_split(ctx, step):
+        return bind_se_block(ctx, step)
     if n == 1 and step in ctx.se_projects and se_split(ctx, ctx.se_projects[step]):
         return bind_se_project(ctx, ctx.se_projects[step])
     route, d = route_at(ctx, step, n)
