@@ -94,11 +94,16 @@ def block_lifetimes(ctx: PlanContext, buffers: dict, root: dict) -> None:
             buffers[root[v]].last = max(buffers[root[v]].last, last)
         buffers[root[end]].first = min(buffers[root[end]].first, e)
         buffers[f"#scratch{e}"].last = max(buffers[f"#scratch{e}"].last, last)
-    for e, (dw, gap, _, proj, _) in ctx.se_blocks.items():
-        for v in (g.nodes[dw].outputs[0], g.nodes[gap].outputs[0]):
+    for e, (dw, gap, mul, proj, _) in ctx.se_blocks.items():
+        dname = g.nodes[dw].outputs[0]
+        for v in (dname, g.nodes[gap].outputs[0]):
             buffers[root[v]].first = min(buffers[root[v]].first, e)
-        dmap = buffers[root[g.nodes[dw].outputs[0]]]
-        dmap.last = max(dmap.last, proj)
+        # NOTE: the project step reads the map and the gate (its last reader in the graph is
+        # the skipped mul): without this, MobileNetV3-small's gate-on-rows blocks placed the
+        # project's partial sums over the gate, and on two threads one part's sums overwrote
+        # gate values the other part still read (a different output in ~1 call of 6)
+        for v in (dname, _gate(ctx, mul, dname)):
+            buffers[root[v]].last = max(buffers[root[v]].last, proj)
         end = buffers[root[se_end(ctx, e)[1]]]
         end.first = min(end.first, proj)
 

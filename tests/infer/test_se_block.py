@@ -208,6 +208,30 @@ def test_the_se_block_runs_as_parts_on_two_threads(tmp_path, monkeypatch, case):
                 assert any(s.startswith("global_avgpool") for s in names) != fused, names
                 assert not fused or not any(s.startswith(("add", "mul_rows", "gate_weights")) for s in names)
                 matches_reference(path, x, got, False)
+                if fused:
+                    _project_reads_apart_from_its_sums(eng)
+
+
+def _span(a):
+    lo = a.__array_interface__["data"][0]
+    return lo, lo + a.nbytes
+
+
+def _project_reads_apart_from_its_sums(eng):
+    """se_project's parts write their partial sums while the other parts still read the map
+    and the gate: the arena must keep those bytes apart (a shared one raced on two threads)."""
+    call = next(c for c in eng._bound[1].calls if c.func.__name__.startswith("se_project"))
+    psum, dv, _, gate = call.args[:4]
+    for a in (dv, gate):
+        (lo, hi), (plo, phi) = _span(a), _span(psum)
+        assert hi <= plo or phi <= lo, "se_project's partial sums overlap what it reads"
+    # ... and not by the luck of this graph's layout: both live until the project's step
+    ctx, g = eng._ctx, eng.graph
+    for dw, _, mul, proj, _ in ctx.se_blocks.values():
+        dname = g.nodes[dw].outputs[0]
+        gname = next(v for v in g.nodes[mul].inputs if v != dname)
+        for v in (dname, gname):
+            assert ctx.buffers[ctx.root[v]].last >= proj, v
 
 
 @needs_fma
