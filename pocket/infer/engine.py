@@ -164,6 +164,7 @@ class Engine:
             fused_add_relus,
             no_prep,
             padded_pairs,
+            residual_convs,
         )
         from pocket.infer.lowering_block import fusable_blocks, fusable_se_blocks, reserve, reserve_se
         from pocket.infer.lowering_vision import gated_convs
@@ -194,6 +195,7 @@ class Engine:
         ctx.se_projects = {v[3]: e for e, v in ctx.se_blocks.items()}
         for e in ctx.se_blocks:
             reserve_se(ctx, e)
+        ctx.residual = residual_convs(ctx)
         for conv_step, _ in self._gated.values():
             ROUTES["conv_fma_1x1"].gate_scratch(self._prep[conv_step], self.max_batch)
         self._plan_arena()
@@ -404,6 +406,10 @@ class Engine:
             # a conv that writes the next one's padded images while it still reads its own
             buffers[f"#scratch{b_step}"].first = a_step
         block_lifetimes(self._ctx, buffers, root)
+        for conv_step, add in self._ctx.residual.items():
+            # a conv that writes its residual add's output (where its route fuses the add)
+            out = buffers[root[g.nodes[add].outputs[0]]]
+            out.first = min(out.first, conv_step)
         for step, (conv_step, big) in self._gated.items():
             gate = buffers[root[g.nodes[step].inputs[1 - big]]]  # read by the conv's weights
             gate.last = max(gate.last, conv_step)

@@ -39,13 +39,14 @@ from pocket.infer.kernels_fma import (
     _bias_relu,
     _half,
     _make_tile,
+    _relu,
     _shuffle,
     _tile,
     _transposed,
     _vmax,
     tile_cols,
 )
-from pocket.infer.kernels_vnni import _const, _lanes_below, _masked_io
+from pocket.infer.kernels_vnni import _const, _lanes_below, _masked_io, _splat
 
 # The GEMMs' tile: 8 channels x 48 tiles (24 accumulators), the last 16 or 32 by kernels_fma's.
 # With K = C as short as 32 a tile's setup and stores weigh more: on (64 x 32) @ (32 x 304),
@@ -204,55 +205,77 @@ def _input_plane(va, lde, cols, xa, r, c, h, w, ph, pw, th_n, tw_n):
                      max(0, -left), w - left, rows)
 
 
-def _make_output16(pool: bool):
+def _make_output16(pool: bool, residual: bool = False):
     """The output transform of cnt (1..16) consecutive tiles of one tile row: m (bytes) is
     element 0 of the first tile, lde bytes between elements; plus the bias bo and a ReLU
     (relu != 0). Without pool, writes the tiles' top output row (`valid` floats, 2 per tile)
     at dst and, when `second`, the bottom one ldo bytes on; with pool, the max of each tile's
     four outputs (`valid` floats) at dst. The same float32 operations, in the same order, as
-    kernels_winograd.output_transform."""
+    kernels_winograd.output_transform.
+
+    residual (no pool): a 10th argument rd; each output gets + bo, then + the float at its own
+    address + rd bytes (a residual add's other input, laid out as the output), then the ReLU:
+    the bits of the conv's output (no activation) and kernels_fp32.add_relu / add after it."""
+
+    sig = types.void(*[types.intp] * 7, types.float32, *[types.intp] * (2 if residual else 1))
+
+    def codegen(context, builder, signature, args):
+        m, lde, dst, ldo, cnt, valid, second, bo, relu = args[:9]
+        ld, st = _masked_io(builder, _VF, 4)
+        load_mask = _lanes_below(builder, cnt)
+        e = [ld(builder.add(m, builder.mul(lde, _const(i))), load_mask) for i in range(16)]
+        add, sub = builder.fadd, builder.fsub
+        s_ = [add(add(e[k], e[4 + k]), e[8 + k]) for k in range(4)]
+        d_ = [sub(sub(e[4 + k], e[8 + k]), e[12 + k]) for k in range(4)]
+        y = [add(add(v[0], v[1]), v[2]) for v in (s_, d_)], [sub(sub(v[1], v[2]), v[3]) for v in (s_, d_)]
+        (y00, y10), (y01, y11) = y
+
+        def act(v):
+            return _bias_relu(builder, v, bo, relu)
+
+        if residual:
+            def store(vals, at, mask):
+                v = builder.fadd(vals, _splat(builder, bo, _VF))
+                v = builder.fadd(v, ld(builder.add(at, args[9]), mask))
+                st(builder.select(builder.icmp_signed("!=", relu, _const(0)), _relu(builder, v), v), at, mask)
+        else:
+            def store(vals, at, mask):
+                st(act(vals), at, mask)
+
+        if pool:
+            vmax = partial(_vmax, builder)
+            st(act(vmax(vmax(y00, y01), vmax(y10, y11))), dst, _lanes_below(builder, valid))
+            return context.get_dummy_value()
+        lo_mask = _lanes_below(builder, valid)
+        hi_mask = _lanes_below(builder, builder.sub(valid, _const(16)))
+        lo_idx = [i // 2 + 16 * (i % 2) for i in range(16)]
+        hi_idx = [8 + i // 2 + 16 * (i % 2) for i in range(16)]
+        # (the bias and ReLU per lane commute with the shuffles: applied after them here,
+        # the same operations on the same values)
+        store(_shuffle(builder, y00, y01, lo_idx), dst, lo_mask)
+        store(_shuffle(builder, y00, y01, hi_idx), builder.add(dst, _const(64)), hi_mask)
+        with builder.if_then(builder.icmp_signed("!=", second, _const(0))):
+            at = builder.add(dst, ldo)
+            store(_shuffle(builder, y10, y11, lo_idx), at, lo_mask)
+            store(_shuffle(builder, y10, y11, hi_idx), builder.add(at, _const(64)), hi_mask)
+        return context.get_dummy_value()
+
+    if residual:
+        @intrinsic
+        def tiles_res(typingctx, m, lde, dst, ldo, cnt, valid, second, bo, relu, rd):
+            return sig, codegen
+
+        return tiles_res
 
     @intrinsic
     def tiles(typingctx, m, lde, dst, ldo, cnt, valid, second, bo, relu):
-        sig = types.void(*[types.intp] * 7, types.float32, types.intp)
-
-        def codegen(context, builder, signature, args):
-            m, lde, dst, ldo, cnt, valid, second, bo, relu = args
-            ld, st = _masked_io(builder, _VF, 4)
-            load_mask = _lanes_below(builder, cnt)
-            e = [ld(builder.add(m, builder.mul(lde, _const(i))), load_mask) for i in range(16)]
-            add, sub = builder.fadd, builder.fsub
-            s_ = [add(add(e[k], e[4 + k]), e[8 + k]) for k in range(4)]
-            d_ = [sub(sub(e[4 + k], e[8 + k]), e[12 + k]) for k in range(4)]
-            y = [add(add(v[0], v[1]), v[2]) for v in (s_, d_)], [sub(sub(v[1], v[2]), v[3]) for v in (s_, d_)]
-            (y00, y10), (y01, y11) = y
-            def act(v):
-                return _bias_relu(builder, v, bo, relu)
-
-            if pool:
-                vmax = partial(_vmax, builder)
-                st(act(vmax(vmax(y00, y01), vmax(y10, y11))), dst, _lanes_below(builder, valid))
-                return context.get_dummy_value()
-            lo_mask = _lanes_below(builder, valid)
-            hi_mask = _lanes_below(builder, builder.sub(valid, _const(16)))
-            lo_idx = [i // 2 + 16 * (i % 2) for i in range(16)]
-            hi_idx = [8 + i // 2 + 16 * (i % 2) for i in range(16)]
-            top = [act(y00), act(y01)]
-            st(_shuffle(builder, *top, lo_idx), dst, lo_mask)
-            st(_shuffle(builder, *top, hi_idx), builder.add(dst, _const(64)), hi_mask)
-            with builder.if_then(builder.icmp_signed("!=", second, _const(0))):
-                bottom = [act(y10), act(y11)]
-                at = builder.add(dst, ldo)
-                st(_shuffle(builder, *bottom, lo_idx), at, lo_mask)
-                st(_shuffle(builder, *bottom, hi_idx), builder.add(at, _const(64)), hi_mask)
-            return context.get_dummy_value()
-
         return sig, codegen
 
     return tiles
 
 
 _output16, _pool16 = _make_output16(False), _make_output16(True)
+_output16_res = _make_output16(False, residual=True)
 
 
 @kernel
@@ -262,14 +285,30 @@ def output_transform(out, m, tmp, th_n, tw_n, b, act, alpha, pool):
     n, o, ho, wo = out.shape
     ma, oa = np.int64(m.ctypes.data), np.int64(out.ctypes.data)
     for r in prange(n * o):
-        _output_plane(oa, ma, np.int64(m.strides[0]), m.shape[2], r, o, ho, wo, th_n, tw_n, b, act, pool)
+        _output_plane(oa, ma, np.int64(m.strides[0]), m.shape[2], r, o, ho, wo, th_n, tw_n, b, act, pool,
+                      False, 0)
+
+
+@kernel
+def output_transform_res(out, m, th_n, tw_n, b, res, relu):
+    """out (N, O, Ho, Wo) = the output transform of m (as output_transform's) + b, + res (same
+    shape as out: a residual add's other input), then a ReLU if relu: a conv with no
+    activation and the add (kernels_fp32.add, or add_relu) after it, bit for bit, in one pass
+    (lowering.residual_convs)."""
+    n, o, ho, wo = out.shape
+    ma, oa = np.int64(m.ctypes.data), np.int64(out.ctypes.data)
+    rd = np.int64(res.ctypes.data) - oa
+    for r in prange(n * o):
+        _output_plane(oa, ma, np.int64(m.strides[0]), m.shape[2], r, o, ho, wo, th_n, tw_n, b, relu, False,
+                      True, rd)
 
 
 @njit(cache=True)
-def _output_plane(oa, ma, lde, cols, r, o, ho, wo, th_n, tw_n, b, act, pool):
+def _output_plane(oa, ma, lde, cols, r, o, ho, wo, th_n, tw_n, b, act, pool, has_res, rd):
     """The output transform of plane r = (image bi, channel oc) of out (N, O, Ho, Wo) at oa:
     from M[:, oc, bi*T:(bi+1)*T], M at ma with rows of `cols` floats and its 16 elements lde
-    bytes apart; + b[oc] (b may be empty), a ReLU if act == 1, the 2x2 max if pool."""
+    bytes apart; + b[oc] (b may be empty), (+ the residual rd bytes past each output where
+    has_res), a ReLU if act == 1, the 2x2 max if pool (not with has_res)."""
     bi, oc = r // o, r % o
     bo = b[oc] if b.shape[0] > 0 else np.float32(0.0)
     src = ma + (oc * cols + bi * th_n * tw_n) * 4
@@ -279,6 +318,9 @@ def _output_plane(oa, ma, lde, cols, r, o, ho, wo, th_n, tw_n, b, act, pool):
             at, cnt = src + (th * tw_n + tw) * 4, min(16, tw_n - tw)
             if pool:
                 _pool16(at, lde, plane + (th * wo + tw) * 4, 0, cnt, min(cnt, wo - tw), 0, bo, act)
+            elif has_res:
+                _output16_res(at, lde, plane + (2 * th * wo + 2 * tw) * 4, wo * 4, cnt,
+                              min(2 * cnt, wo - 2 * tw), 2 * th + 1 < ho, bo, act, rd)
             else:
                 _output16(at, lde, plane + (2 * th * wo + 2 * tw) * 4, wo * 4, cnt,
                           min(2 * cnt, wo - 2 * tw), 2 * th + 1 < ho, bo, act)
@@ -344,4 +386,4 @@ def fused_conv(out, x, u, scratch, offs, nt, chunk, th_n, tw_n, ph, pw, b, act, 
                 _gemm(ua + e * u.strides[0], c, va + e * lv * 4, offs_at, ma + e * lm * 4, ldv, o, cols)
             for r in range(m * o):
                 _output_plane(oa + s * o * ho * wo * 4, ma, lm * 4, ldv, r, o, ho, wo, th_n, tw_n, b, act,
-                              pool)
+                              pool, False, 0)

@@ -167,3 +167,20 @@ def _pool_geom(a: dict) -> tuple[int, ...]:
     k = a["kernel"]
     s = a.get("stride") or k
     return (k[0], k[1], s[0], s[1], a["padding"][0], a["padding"][1])
+
+
+def fused_residual(ctx: PlanContext, step: int, n: int) -> tuple | None:
+    """(output view, residual view, relu) where conv `step` writes its add's output at batch n
+    (lowering.residual_convs), marking the add (and its ReLU) as bound; None where it has none.
+    A route calls it only where it fuses the add at that batch."""
+    add = ctx.residual.get(step)
+    if add is None:
+        return None
+    g = ctx.graph
+    a = g.nodes[add]
+    other = next(v for v in a.inputs if v != g.nodes[step].outputs[0])
+    ctx.skip.add(add)
+    relu = ctx.add_relu.get(add)
+    if relu is not None:
+        ctx.skip.add(relu)  # (its output's bytes are the add's: Engine._plan_arena)
+    return ctx.view(a.outputs[0], n), ctx.view(other, n), relu is not None

@@ -78,6 +78,7 @@ class PlanContext:
     pad_after: dict[int, int] = field(default_factory=dict)  # routes.conv_fma_pitch.padded_pairs
     gated: dict[int, tuple[int, int]] = field(default_factory=dict)  # lowering_vision.gated_convs
     add_relu: dict[int, int] = field(default_factory=dict)  # lowering.fused_add_relus
+    residual: dict[int, int] = field(default_factory=dict)  # lowering.residual_convs
     blocks: dict[int, tuple] = field(default_factory=dict)  # lowering_block.fusable_blocks
     se_blocks: dict[int, tuple] = field(default_factory=dict)  # lowering_block.fusable_se_blocks
     se_projects: dict[int, int] = field(default_factory=dict)  # {project step: its block's expand}

@@ -14,7 +14,7 @@ from pocket.infer import kernels_fma_winograd as kfw
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import kernels_winograd as kwg
 from pocket.infer import lowering_common as lc
-from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned
+from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned, fused_residual
 from pocket.infer.routes.base import ROUTES, Route, conv_prep, prepared, register
 
 # fp32 3x3 stride-1 convs with at least this many input channels run as Winograd F(2x2, 3x3)
@@ -143,6 +143,9 @@ class ConvWinograd(Route):
         o, geom = d["o"], d["geom"]
         act, alpha = _act_code(a), _act_alpha(a)
         pool, pool_geom = pool or (None, ())
+        # AVX-512 with no activation and no pool: the residual add after the conv, if any, in
+        # the output transform (kernels_fma_winograd.output_transform_res)
+        res = fused_residual(ctx, step, n) if d["fma"] and act == 0 and pool is None else None
         calls = []
         for start in range(0, n, d["chunk"]):
             m = min(d["chunk"], n - start)
@@ -175,6 +178,11 @@ class ConvWinograd(Route):
                                      _EMPTY_F32, 0))
             else:
                 calls.append(partial(np.matmul, u[:, :o * c].reshape(16, o, c), v, out=mm))
+            if res is not None:  # (the residual add's output, written here: see residual_convs)
+                out, other, relu = res
+                calls.append(partial(kfw.output_transform_res, out[start:start + m], mm, th, tw, d["b"],
+                                     other[start:start + m], int(relu)))
+                continue
             calls.append(partial(kfw.output_transform if fast else kwg.output_transform,
                                  y[start:start + m] if pool is None else
                                  pool[start:start + m], mm, tout, th, tw, d["b"], act, alpha,
