@@ -195,7 +195,7 @@ class Engine:
         ctx.se_projects = {v[3]: e for e, v in ctx.se_blocks.items()}
         for e in ctx.se_blocks:
             reserve_se(ctx, e)
-        ctx.residual = residual_convs(ctx)
+        ctx.residual = residual_convs(ctx) if ctx.cpu.fma else {}  # (only AVX-512 routes fuse them)
         for conv_step, _ in self._gated.values():
             ROUTES["conv_fma_1x1"].gate_scratch(self._prep[conv_step], self.max_batch)
         self._plan_arena()
