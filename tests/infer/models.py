@@ -182,6 +182,81 @@ def matches_reference(path, x, got, int8: bool) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+class BindRecorder:
+    """Records, while engines bind their calls, which arena region each view and scratch array
+    a builder asks for comes from, and for which step (install with monkeypatch before the
+    engine's first run at a batch size; see arena_hazards)."""
+
+    def __init__(self, monkeypatch):
+        from pocket.infer import lowering
+        from pocket.infer.plan import PlanContext
+
+        self.step = -1
+        self.made: list[tuple[int, int, int, int, str]] = []  # (plan, step, start, nbytes, region)
+        view, region = PlanContext.view, PlanContext.region
+
+        self.plans = []  # (kept alive, so that no later plan reuses an id)
+
+        def rec_view(ctx, v, n):
+            a = view(ctx, v, n)
+            if v not in ctx.params:
+                self.made.append((id(ctx), self.step, a.ctypes.data - ctx.arena.ctypes.data, a.nbytes,
+                                  ctx.root[v]))
+            return a
+
+        def rec_region(ctx, key, dtype, shape, at=0):
+            a = region(ctx, key, dtype, shape, at)
+            self.made.append((id(ctx), self.step, a.ctypes.data - ctx.arena.ctypes.data, a.nbytes, key))
+            return a
+
+        def at_step(build):
+            def bind(ctx, step, node, n):
+                self.step = step
+                if not any(p is ctx for p in self.plans):
+                    self.plans.append(ctx)
+                return build(ctx, step, node, n)
+            return bind
+
+        monkeypatch.setattr(PlanContext, "view", rec_view)
+        monkeypatch.setattr(PlanContext, "region", rec_region)
+        for op, build in list(lowering.BUILDERS.items()):
+            monkeypatch.setitem(lowering.BUILDERS, op, at_step(build))
+
+
+def arena_hazards(eng, n: int, rec: BindRecorder) -> list[str]:
+    """The arena arguments of engine eng's calls at batch n (bound under rec) whose region is
+    not live at the call's step (first <= step <= last): the arena may give those bytes to
+    another value or scratch at that step, which that call, or another thread's part of it,
+    then writes while the argument is read (s21's SE gate, which the project's partial sums
+    overwrote). An argument's region: that of the array its step's builder asked for with the
+    same bytes, else one containing them (its slices and reshapes); [] when all are live."""
+    base, size = eng._arena.ctypes.data, eng._arena.nbytes
+    regions = eng._ctx.buffers
+    bound = eng._bound[n]
+    found = []
+    for call, step in zip(bound.calls, bound.steps):
+        arrays = [a for a in (*getattr(call, "args", ()), *getattr(call, "keywords", {}).values())
+                  if isinstance(a, np.ndarray) and a.nbytes > 0]
+        mine = [(lo, nb, key) for plan, s, lo, nb, key in rec.made if plan == id(eng._ctx) and s == step]
+        for a in arrays:
+            lo, hi = np.lib.array_utils.byte_bounds(a)
+            if not (base <= lo and hi <= base + size):
+                continue  # weights, constants, the caller's arrays
+            lo, hi = lo - base, hi - base
+            keys = ([key for at, nb, key in mine if (at, at + nb) == (lo, hi)]
+                    or [key for at, nb, key in mine if at <= lo and hi <= at + nb])
+            if keys:
+                ok = any(regions[k].first <= step <= regions[k].last for k in keys)
+            else:  # (made before the builders ran: the graph's input views)
+                ok = any(r.first <= step <= r.last and r.offset <= lo and hi <= r.offset + r.nbytes
+                         for r in regions.values())
+            if not ok:
+                name = getattr(call.func, "__name__", str(call.func))
+                found.append(f"step {step} {eng.graph.nodes[step].name}: {name} uses arena bytes "
+                             f"[{lo}, {hi}) of {keys or 'no region'}, not live there")
+    return found
+
+
 def to_onnx(graph: Graph, params: dict) -> bytes:
     """A sequential fp32 graph -> ONNX bytes, op for op (Conv, MaxPool, Gemm, Relu, ...)."""
     import onnx

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from models import Builder, matches_reference, save_model
+from models import BindRecorder, Builder, arena_hazards, matches_reference, save_model
 
 from pocket.infer import engine as engine_mod
 from pocket.infer import kernels_fma as kfma
@@ -72,6 +72,7 @@ def test_the_winograd_conv_writes_the_add(tmp_path, monkeypatch, relu_after):
     b = _block(rng, 64, 16, relu_after=relu_after)
     path = tmp_path / "res.bin"
     save_model(path, b.graph(), b.params, None)
+    rec = BindRecorder(monkeypatch)
     for threads in (1, 2):
         with Engine(path, max_batch=3, threads=threads) as eng:
             assert eng._ctx.residual == {2: 3}
@@ -84,6 +85,7 @@ def test_the_winograd_conv_writes_the_add(tmp_path, monkeypatch, relu_after):
                 assert fused == (not any(s.startswith("add") for s in names)), names
                 assert fused or n == 3, names
                 matches_reference(path, x, got, False)
+                assert arena_hazards(eng, n, rec) == []
             _the_add_output_lives_from_the_conv(eng)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from models import Builder, matches_reference, save_model
+from models import BindRecorder, Builder, arena_hazards, matches_reference, save_model
 
 from pocket.infer import engine as engine_mod
 from pocket.infer import kernels_fma as kfma
@@ -194,6 +194,7 @@ def test_the_se_block_runs_as_parts_on_two_threads(tmp_path, monkeypatch, case):
     b = _se_block(rng, c, hw, t, o, k=k, stride=stride, residual=residual, dw_act=dw_act)
     path = tmp_path / "se.bin"
     save_model(path, b.graph(), b.params, None)
+    rec = BindRecorder(monkeypatch)
     for threads in (1, 2):
         with Engine(path, max_batch=3, threads=threads) as eng:
             assert len(eng._ctx.se_blocks) == 1
@@ -208,6 +209,7 @@ def test_the_se_block_runs_as_parts_on_two_threads(tmp_path, monkeypatch, case):
                 assert any(s.startswith("global_avgpool") for s in names) != fused, names
                 assert not fused or not any(s.startswith(("add", "mul_rows", "gate_weights")) for s in names)
                 matches_reference(path, x, got, False)
+                assert arena_hazards(eng, n, rec) == []
                 if fused:
                     _project_reads_apart_from_its_sums(eng)
 

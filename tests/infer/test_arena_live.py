@@ -1,0 +1,69 @@
+"""Every call of the edge zoo's plans uses only arena bytes that are live at its step
+(models.arena_hazards): fused blocks read values past their graph readers' steps, and a
+lifetime that ends too early lets the arena hand those bytes to a value or scratch that the
+same call writes (s21's SE gate under the project's partial sums: a wrong output in about one
+call of six on two threads). Every call split across the threads, as on large maps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from models import BindRecorder, arena_hazards
+
+from pocket.export import export
+from pocket.formats import reference
+from pocket.formats.container import read_container, write_container
+from pocket.infer import engine as engine_mod
+from pocket.infer.engine import Engine
+from pocket.train import models, nn
+from pocket.train.trace import trace
+
+SHAPE = (3, 32, 32)
+SMALL = {
+    "resnet18": {"channels": [8, 8, 16, 16]},
+    "squeezenet": {"width_mult": 0.125},
+    "mobilenet_v2": {"width_mult": 0.25},
+    "mobilenet_v3_small": {"width_mult": 0.25},
+    "shufflenet_v2": {"width_mult": 0.25},
+    "efficientnet_b0": {"width_mult": 0.25, "depth_mult": 0.34},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_every_call_uses_live_arena_bytes(tmp_path, monkeypatch, name):
+    """fp32 and int8 exports, 1 and 2 threads, batch 1 and 3: no call touches bytes outside
+    the regions live at its step; each run matches the reference (int8 bit for bit)."""
+    monkeypatch.setattr(engine_mod, "_PARALLEL_WORK", 0)
+    monkeypatch.setattr(engine_mod, "_PARALLEL_WORK_PINNED", 0)
+    rec = BindRecorder(monkeypatch)
+    rng = np.random.default_rng(3)
+    model = models.build_model({"name": name, **SMALL[name]}, SHAPE, 10, rng)
+    for m in model.modules():  # BN statistics as after training (as the e2e zoo test)
+        if isinstance(m, nn.BatchNorm2d):
+            c = m.num_features
+            m.running_mean[...] = rng.normal(0, 0.2, c)
+            m.running_var[...] = rng.uniform(0.5, 1.5, c)
+            m.weight.data[...] = rng.uniform(0.5, 1.5, c)
+            m.bias.data[...] = rng.normal(0, 0.2, c)
+    model.eval()
+    graph, params = trace(model, SHAPE, {"task": "classification"})
+    ckpt = tmp_path / "best.ckpt"
+    calib = rng.random((16, *SHAPE), dtype=np.float32)
+    write_container(ckpt, kind="checkpoint", tensors={**params, "calib/x": calib}, graph=graph,
+                    meta={"epoch": 1})
+    for int8 in (False, True):
+        out = tmp_path / ("m.int8.bin" if int8 else "m.bin")
+        export(ckpt, out, int8=int8)
+        x = rng.random((3, *SHAPE), dtype=np.float32)
+        with read_container(out) as c:
+            want = reference.run_container(c, x)["output"]
+        for threads in (1, 2):
+            with Engine(out, threads=threads, max_batch=3) as eng:
+                for n in (1, 3):
+                    eng._arena.fill(255)
+                    got = eng.run(x[:n], copy=True)
+                    assert arena_hazards(eng, n, rec) == [], (int8, threads, n)
+                    if int8:
+                        np.testing.assert_array_equal(got, want[:n])
+                    else:
+                        np.testing.assert_allclose(got, want[:n], rtol=1e-4, atol=1e-4)
