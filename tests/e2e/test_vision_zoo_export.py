@@ -12,24 +12,17 @@ import sys
 
 import numpy as np
 import pytest
+from zoo_small import SMALL, randomize_bn
 
 from pocket.compare import exact_session_options
 from pocket.export import export
 from pocket.formats import reference
 from pocket.formats.container import read_container, write_container
-from pocket.train import models, nn
+from pocket.train import models
 from pocket.train.tensor import Tensor, no_grad
 from pocket.train.trace import trace
 
 SHAPE = (1, 8, 8)
-SMALL = {
-    "resnet18": {"channels": [8, 8, 16, 16]},
-    "squeezenet": {"width_mult": 0.125},
-    "mobilenet_v2": {"width_mult": 0.25},
-    "mobilenet_v3_small": {"width_mult": 0.25},
-    "shufflenet_v2": {"width_mult": 0.25},
-    "efficientnet_b0": {"width_mult": 0.25, "depth_mult": 0.34},
-}
 
 
 def _inputs(n: int, seed: int) -> np.ndarray:
@@ -50,14 +43,7 @@ def zoo_ckpt(request, tmp_path_factory):
     name = request.param
     rng = np.random.default_rng(7)
     model = models.build_model({"name": name, **SMALL[name]}, SHAPE, 10, rng)
-    # BN statistics as after training, so folding them is exercised.
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            c = m.num_features
-            m.running_mean[...] = rng.normal(0, 0.2, c)
-            m.running_var[...] = rng.uniform(0.5, 1.5, c)
-            m.weight.data[...] = rng.uniform(0.5, 1.5, c)
-            m.bias.data[...] = rng.normal(0, 0.2, c)
+    randomize_bn(model, rng)
     model.eval()
     graph, params = trace(model, SHAPE, {"task": "classification"})
     path = tmp_path_factory.mktemp(name) / "best.ckpt"

@@ -9,23 +9,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from models import BindRecorder, arena_hazards
+from zoo_small import SMALL, randomize_bn
 
 from pocket.export import export
 from pocket.formats.container import write_container
 from pocket.infer import engine as engine_mod
 from pocket.infer.engine import Engine
-from pocket.train import models, nn
+from pocket.train import models
 from pocket.train.trace import trace
 
 SHAPE = (3, 32, 32)
-SMALL = {
-    "resnet18": {"channels": [8, 8, 16, 16]},
-    "squeezenet": {"width_mult": 0.125},
-    "mobilenet_v2": {"width_mult": 0.25},
-    "mobilenet_v3_small": {"width_mult": 0.25},
-    "shufflenet_v2": {"width_mult": 0.25},
-    "efficientnet_b0": {"width_mult": 0.25, "depth_mult": 0.34},
-}
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
@@ -40,13 +33,7 @@ def test_every_call_uses_live_arena_bytes(tmp_path, monkeypatch, name):
     rec = BindRecorder(monkeypatch)
     rng = np.random.default_rng(3)
     model = models.build_model({"name": name, **SMALL[name]}, SHAPE, 10, rng)
-    for m in model.modules():  # BN statistics as after training (as the e2e zoo test)
-        if isinstance(m, nn.BatchNorm2d):
-            c = m.num_features
-            m.running_mean[...] = rng.normal(0, 0.2, c)
-            m.running_var[...] = rng.uniform(0.5, 1.5, c)
-            m.weight.data[...] = rng.uniform(0.5, 1.5, c)
-            m.bias.data[...] = rng.normal(0, 0.2, c)
+    randomize_bn(model, rng)
     model.eval()
     graph, params = trace(model, SHAPE, {"task": "classification"})
     ckpt = tmp_path / "best.ckpt"

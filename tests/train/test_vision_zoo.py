@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from zoo_small import SMALL, randomize_bn
 
 from pocket.formats import reference
 from pocket.train import config, models, nn, optim
@@ -13,15 +14,6 @@ from pocket.train import functional as F
 from pocket.train.tensor import Tensor, no_grad
 from pocket.train.trace import trace
 
-# name -> small [model] options for the tests (each builds in milliseconds).
-SMALL = {
-    "resnet18": {"channels": [8, 8, 16, 16]},
-    "squeezenet": {"width_mult": 0.125},
-    "mobilenet_v2": {"width_mult": 0.25},
-    "mobilenet_v3_small": {"width_mult": 0.25},
-    "shufflenet_v2": {"width_mult": 0.25},
-    "efficientnet_b0": {"width_mult": 0.25, "depth_mult": 0.34},
-}
 # Published parameter counts (torchvision's model cards), 1000 classes.
 PUBLISHED = {"mobilenet_v2": 3_504_872, "resnet18": 11_689_512, "squeezenet": 1_235_496,
              "shufflenet_v2": 2_278_604, "mobilenet_v3_small": 2_542_856,
@@ -37,14 +29,6 @@ def _count(model) -> int:
     return sum(int(p.data.size) for p in model.parameters())
 
 
-def _randomize_bn(model, rng):
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            c = m.num_features
-            m.running_mean[...] = rng.normal(0, 0.2, c)
-            m.running_var[...] = rng.uniform(0.5, 1.5, c)
-            m.weight.data[...] = rng.uniform(0.5, 1.5, c)
-            m.bias.data[...] = rng.normal(0, 0.2, c)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -97,7 +81,7 @@ def test_same_function_as_torchvision(name):
 def _compare_with_torchvision(torch, name):
     tmodel, options = _torchvision(name)
     model = _build(name, (3, 64, 64), **options)
-    _randomize_bn(model, np.random.default_rng(1))
+    randomize_bn(model, np.random.default_rng(1))
     model.eval()
     tmodel.eval()
     # Parameters, then BN running statistics, pair up in registration order.
@@ -129,7 +113,7 @@ LAST_MAP = {"resnet18": (2, 4), "squeezenet": (2, 6), "mobilenet_v2": (2, 2),
 @pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32)])
 def test_small_inputs_keep_a_map_and_trace(name, shape):
     model = _build(name, shape, **SMALL[name])
-    _randomize_bn(model, np.random.default_rng(3))
+    randomize_bn(model, np.random.default_rng(3))
     model.eval()
     g, params = trace(model, shape)
     x = np.random.default_rng(4).standard_normal((2, *shape)).astype(np.float32)
