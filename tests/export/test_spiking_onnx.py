@@ -21,12 +21,16 @@ def _run(model, x):
     return sess.run(None, {"x": x})[0]
 
 
+# fixed seeds: hash(kind) changes with each process's PYTHONHASHSEED
+SEEDS = {"conv": 10, "rate": 11, "latency": 12}
+
+
 @pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
 @pytest.mark.parametrize("kind", ["conv", "rate", "latency"])
 def test_onnxruntime_matches_the_reference(kind, int8):
     from pocket.export.onnx_export import to_onnx
 
-    rng = np.random.default_rng(hash(kind) % 1000 + 7)
+    rng = np.random.default_rng(SEEDS[kind])
     g, p, shape = sg.build(kind, rng)
     quant = None
     if int8:

@@ -12,13 +12,17 @@ from pocket.infer import Engine, EngineError
 from tests.formats import spiking_graphs as sg
 from tests.infer.models import save_model
 
+# NOTE: fixed seeds, not hash(kind): str hashes change with each process's PYTHONHASHSEED, and
+# two seeds in a thousand make the latency case spike nowhere (CI drew one)
+SEEDS = {"conv": 0, "rate": 1, "latency": 2}
+
 
 @pytest.mark.parametrize("route", ["dense", "event"])
 @pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
 @pytest.mark.parametrize("kind", ["conv", "rate", "latency"])
 def test_engine_matches_the_reference(kind, int8, route, tmp_path, monkeypatch):
     monkeypatch.setenv("POCKET_LIF", route)
-    rng = np.random.default_rng(hash(kind) % 1000)
+    rng = np.random.default_rng(SEEDS[kind])
     g, p, shape = sg.build(kind, rng)
     quant = None
     if int8:
