@@ -115,9 +115,19 @@ def input_transform(v, xpad, tmp, th_n, tw_n):
                     vf[o3 + u] = tf[j + one] - tf[j + three]
 
 
+@njit(cache=True)
+def _activate(v, act, alpha):
+    return np.float32(activate(np.float64(v), act, alpha))
+
+
 @njit(cache=True, inline="always")
 def _act(v, act, alpha):
-    return relu(v) if act == 1 else np.float32(activate(np.float64(v), act, alpha))
+    # NOTE: none and ReLU inline, any other activation a call: activate inlined at
+    # output_transform's 11 sites took its parallel twin 38 s to compile (9 s serial), the
+    # longest of any kernel (a first `pocket infer` on a Pi pays that too)
+    if act == 0:
+        return v
+    return relu(v) if act == 1 else _activate(v, act, alpha)
 
 
 @kernel
