@@ -609,6 +609,31 @@ def test_winograd_channel_threshold(c, fp32_route):
         assert eng._prep[0]["route"].startswith("conv_winograd") == (c >= least), (c, eng._prep[0]["route"])
 
 
+@pytest.mark.parametrize("c", [31, 32, 63])
+def test_winograd_at_batch_one_from_32_channels(c):
+    """On AVX-512 a call of one image runs Winograd from WINOGRAD_MIN_C_ONE input channels; a
+    call of three on two threads (under conv_winograd_fused's two images a thread) from
+    WINOGRAD_MIN_C; both against the reference."""
+    from pocket.infer import kernels_fma
+    from pocket.infer.routes import conv_winograd
+
+    if not kernels_fma.AVAILABLE:
+        pytest.skip("this CPU has no AVX-512")
+    # (the cases straddle these: 31 below both, 32 and 63 between)
+    assert (conv_winograd.WINOGRAD_MIN_C_ONE, conv_winograd.WINOGRAD_MIN_C) == (32, 64)
+    params = _conv_params(c, 8, 3, 3, 1)
+    node = Node("conv", "conv2d", ["x", "w", "b"], ["y"], {"padding": [1, 1], "activation": "relu"})
+    graph = Graph({"x": ValueInfo("f32", ("N", c, 16, 16))}, ["y"], [node],
+                  {k: _info(v) for k, v in params.items()})
+    x = RNG.standard_normal((3, c, 16, 16)).astype(np.float32)
+    with Engine(FakeContainer(graph, params), threads=2, max_batch=3) as eng:
+        for n, least in ((1, conv_winograd.WINOGRAD_MIN_C_ONE), (3, conv_winograd.WINOGRAD_MIN_C)):
+            got = eng.run(x[:n], copy=True)
+            names = [getattr(f.func, "__name__", "") for f in eng._bound[n].calls]
+            assert any("input_transform" in f for f in names) == (c >= least), (n, names)
+            assert_close(got, ref.run(graph, params, x[:n])["y"], scale=100)  # sums of c*9 N(0,1) terms
+
+
 def test_winograd_falls_back_on_few_tiles(monkeypatch):
     """Below WINOGRAD_MIN_TILES a call runs the pitch GEMM path; both give the same outputs."""
     from pocket.infer.routes import conv_winograd, conv_winograd_fused

@@ -29,6 +29,12 @@ WINOGRAD_MIN_C = 64
 # thread, 2-core Zen 2; the whole model 0.97x at 1 and 2 threads, interleaved A/B). 16 input
 # channels (its 55x55 fires) lost: 0.99x on one thread, 1.07-1.11x on two
 WINOGRAD_MIN_C_PORTABLE = 32
+# ... and on AVX-512 for a batch of one from 32 too (batches of 2+ images a thread take
+# conv_winograd_fused from 32 on; this route's four kernels got the batches between):
+# SqueezeNet's 27x27 fires (32 -> 128) at batch 1 ran 0.94x through Winograd on one and two
+# threads (5.25 -> 4.94 ms, 3.37 -> 3.16, two engines interleaved), cnn_mnist's 32 -> 64 conv
+# at 14x14 0.98x; at batch 2 and 3 on two threads cnn_mnist lost 15-20%, so one image only
+WINOGRAD_MIN_C_ONE = 32
 # ... and at least this many tiles (2x2 outputs) a call: with fewer (batch 1 on maps of 8x8 and
 # less) the per-call filter transform and short loops cost more than the GEMM saves (cnn_cifar
 # fp32 batch 1: 3.6 ms at 64, 4.2 ms at 16, 4.0 ms at 512). 14x14 maps (49 tiles) gain: ResNet-18's
@@ -44,9 +50,12 @@ U_SKEW = 16
 PITCH_ROUTES = ("conv_fma_pitch", "conv_fma_cols", "conv_gemm_pitch")
 
 
-def min_channels(fma: bool) -> int:
-    """The fewest input channels a conv runs as Winograd with: AVX-512 (kernels_fma) or not."""
-    return WINOGRAD_MIN_C if fma else WINOGRAD_MIN_C_PORTABLE
+def min_channels(fma: bool, n: int = 0) -> int:
+    """The fewest input channels a conv runs as Winograd with: AVX-512 (kernels_fma) or not,
+    for a call of n images (0: any batch)."""
+    if not fma:
+        return WINOGRAD_MIN_C_PORTABLE
+    return WINOGRAD_MIN_C_ONE if n == 1 else WINOGRAD_MIN_C
 
 
 def winograd_limits(geo, dtype) -> str | None:
@@ -129,7 +138,7 @@ class ConvWinograd(Route):
         return d
 
     def at_batch(self, ctx, step, d, n):
-        if n * d["th"] * d["tw"] < WINOGRAD_MIN_TILES or d["c"] < min_channels(d["fma"]):
+        if n * d["th"] * d["tw"] < WINOGRAD_MIN_TILES or d["c"] < min_channels(d["fma"], n):
             pitch = d["pitch_plan"]
             return ROUTES[pitch["route"]], pitch
         return self, d
