@@ -31,9 +31,10 @@ WINOGRAD_MIN_C = 64
 WINOGRAD_MIN_C_PORTABLE = 32
 # ... and on AVX-512 for a batch of one from 32 too (batches of 2+ images a thread take
 # conv_winograd_fused from 32 on; this route's four kernels got the batches between):
-# SqueezeNet's 27x27 fires (32 -> 128) at batch 1 ran 0.94x through Winograd on one and two
-# threads (5.25 -> 4.94 ms, 3.37 -> 3.16, two engines interleaved), cnn_mnist's 32 -> 64 conv
-# at 14x14 0.98x; at batch 2 and 3 on two threads cnn_mnist lost 15-20%, so one image only
+# SqueezeNet's fires at 27x27 (32 -> 128) and 13x13 (48 -> 192) at batch 1 took the model
+# 0.94x on one and two threads (5.25 -> 4.94 ms, 3.37 -> 3.16, two engines interleaved),
+# cnn_mnist's 32 -> 64 conv at 14x14 0.98x; at batch 2 and 3 on two threads cnn_mnist lost
+# 15-20%, so one image only
 WINOGRAD_MIN_C_ONE = 32
 # ... and at least this many tiles (2x2 outputs) a call: with fewer (batch 1 on maps of 8x8 and
 # less) the per-call filter transform and short loops cost more than the GEMM saves (cnn_cifar
