@@ -150,6 +150,42 @@ def test_small_map_3x3_takes_gemm_cv_on_one_thread(tmp_path):
         matches_reference(path, x, got, False)
 
 
+@needs_fma
+@pytest.mark.parametrize("c,cv2", [(96, False), (288, True)])
+def test_small_map_3x3_streamed_weights_take_gemm_cv_on_two_threads(tmp_path, c, cv2):
+    """On two threads a 3x3 conv on a 7x7 map takes gemm_cv (its channels split between the
+    threads) where its weights pass kernels_fma.STREAM_W_BYTES (288 -> 160: 1.66 MB), and its
+    solo twin (a busy machine's calls) the same kernel serially, as one thread's plan does;
+    with fewer weights (96 -> 160: 0.55 MB) the two GEMMs over K's halves stay. Each matches
+    the reference, team and solo."""
+    from models import Builder, matches_reference, save_model
+
+    from pocket.infer.engine import Engine
+
+    assert (c * 9 * 160 * 4 > kfma.STREAM_W_BYTES) == cv2
+    rng = np.random.default_rng(16)
+    b = Builder((c, 7, 7), rng)
+    b.conv(c, 160, 3, padding=[1, 1], activation="relu")
+    path = tmp_path / "c3.bin"
+    save_model(path, b.graph(), b.params, None)
+    x = rng.standard_normal((1, c, 7, 7)).astype(np.float32)
+    with Engine(path, max_batch=1, threads=2) as eng:
+        eng._arena.fill(255)
+        got = eng.run(x, copy=True)
+        bound = eng._bound[1]
+        names = [getattr(f.func, "__name__", "") for f in bound.calls]
+        assert any(s.startswith("gemm_cv") for s in names) == cv2, names
+        assert any(s.startswith("bias_act_sum") for s in names) == (not cv2), names
+        assert bound.solo is not None  # (2 threads, work to split: the adaptive plan's twin)
+        solo = [getattr(f.func, "__name__", "") for f in bound.solo.calls]
+        assert ("gemm_cv_serial" in solo) == cv2, solo
+        eng._arena.fill(255)
+        eng._run_calls(bound.solo, None if bound.solo.feed is None else
+                       (bound.solo.feed[0], bound.solo.feed[1], x.reshape(bound.solo.feed[2])))
+        np.testing.assert_array_equal(bound.outputs[0], got)
+    matches_reference(path, x, got, False)
+
+
 def test_call_work_counts_the_multiply_adds():
     """The engine's serial/parallel choice (pools.call_work) measures gemm_cv as it measures
     kernels_fma.gemm over the same conv (counted as an element-wise kernel, MobileNetV3's 96 x

@@ -61,12 +61,20 @@ class ConvFmaCols(Route):
         # (two results while the GEMM runs over the halves of K)
         halves_cols = 2 * min(cols, FMA_KSPLIT_COLS[1])
         d["scratch_bytes"] = _aligned(k * cols * 4) + _aligned(o * max(cols, halves_cols) * 4)
-        # NOTE: one thread only: on two, each core's half of the channels read all of im2col's
-        # rows, half of them written by the other core, a few floats a row at a time
-        # (SqueezeNet's 192 x 432 @ 169: 112 -> 143 us; on one thread 177 -> 163)
-        if max(1, ctx.threads) == 1 and kcv.pays(o, k, p, 1):  # (one image a chunk: see bind)
-            d["cv_parts"], d["cv_split"] = 1, (1, 1)
-            cv_bytes = kcv.scratch_floats(p, 1) * 4
+        # NOTE: on two threads only where the weights stream from memory (past STREAM_W_BYTES):
+        # there each core's channels read half of them. Elsewhere each core's half of the
+        # channels read all of im2col's rows, half of them written by the other core, a few
+        # floats a row at a time (SqueezeNet's 192 x 432 @ 169: 112 -> 143 us; on one thread
+        # 177 -> 163). ResNet-18's three 512 x 4608 @ 49 convs (9.4 MB of weights each) on two
+        # threads, against two GEMMs over K's halves and their sum: the model 0.99x; and its
+        # solo calls (pools.Pace: a busy machine) take the same kernels as one thread's plan
+        # (20.8 -> 20.3 ms, 20.0 on one thread's plan)
+        threads = max(1, ctx.threads)
+        if kcv.pays(o, k, p, threads) and (threads == 1 or o * k * 4 > kfma.STREAM_W_BYTES):
+            # (one image a chunk: see bind)
+            split = kcv.cv_split(o, p, threads)
+            d["cv_parts"], d["cv_split"] = threads, split
+            cv_bytes = threads * kcv.scratch_floats(p, split[0]) * 4
             d["scratch_bytes"] = max(d["scratch_bytes"], _aligned(k * cols * 4) + cv_bytes)
         return d
 
@@ -95,7 +103,7 @@ class ConvFmaCols(Route):
             # the last P % 16 pixels masked), no epilogue pass (EfficientNet-B0's stem: a
             # SiLU pass over 32 x 112 x 112)
             epi = register_epi(act, alpha)
-            if m == 1 and halves == 1 and pool is None and epi is not None and "cv_parts" in d:
+            if m == 1 and pool is None and epi is not None and "cv_parts" in d:
                 # a small map's pixels fill vectors of 16 badly: the GEMM along the channels
                 # (kernels_fma_cv), over columns of exactly P pixels (ResNet-18's 512 x 4608 @
                 # 49, one thread: 1.77 -> 1.66 ms, its weights from memory each call)
