@@ -51,6 +51,7 @@ W_VECTORS = (os.environ.get("POCKET_TILE_WVECTORS") == "1"
 ROWS, VECS = (5 if W_VECTORS else 6), 2
 PIX = VL * VECS  # pixels a tile
 PB = 128  # pixels a block (see the module docstring)
+AHEAD = 2  # the tiles' fin flag: prefetch the next weights (_make_tile, _block)
 
 
 def _available() -> bool:
@@ -82,13 +83,27 @@ def _make_tile(nv: int, nr: int = ROWS):
     """c[r, 0:VL nv] = lo <= (b[r] + sum over k < nk of w[r, k] * x[k, 0:VL nv]) <= hi for
     r < rows (1..nr); addresses in bytes: w (a K block of a channel group's pack_weights
     panel), x (rows ldx apart), c (rows ldc apart), b. With acc != 0 the sums start from c (a
-    later block of K) and, with fin == 0, the bias and clamp wait for the last block. lo/hi:
-    -inf/inf (none), 0/inf (ReLU), 0/max (clip): NaN passes, as kernels_fp32.relu."""
+    later block of K) and, with fin's bit 0 clear, the bias and clamp wait for the last
+    block. lo/hi: -inf/inf (none), 0/inf (ReLU), 0/max (clip): NaN passes, as
+    kernels_fp32.relu. fin's bit 1 (AHEAD): each step also prefetches the weights that follow
+    this block's (the next group's in pack_weights' blocked layout), in address order."""
 
     def codegen(context, builder, signature, args):
         w, x, ldx, nk, c, ldc, acc, rows, b, fin, lo, hi = args
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                              f"llvm.fmuladd.v{VL}f32")
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32]),
+            "llvm.prefetch.p0i8")
+        ahead = builder.icmp_signed("!=", builder.and_(fin, _const(AHEAD)), _const(0))
+        nxt = builder.add(w, builder.mul(nk, _const(4 * ROWS)))  # the weights after this block's
+
+        def fetch(i, size):
+            """prefetch the next weights' i-th run of `size` bytes (a step's, a quad's)"""
+            with builder.if_then(ahead):
+                builder.call(prefetch, [_ptr(builder, builder.add(nxt, builder.mul(i, _const(size))),
+                                             ir.IntType(8)),
+                                        ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
 
         def load(addr):
             return builder.load(_ptr(builder, addr, _VF), align=4)
@@ -115,12 +130,17 @@ def _make_tile(nv: int, nr: int = ROWS):
                 _ptr(builder, builder.add(wi, _const(4 * r)), _F32), align=4)))
 
         if not W_VECTORS:
-            final = _loop(builder, nk, init, lambda i, accs: step(_const(0), w, i, accs))
+            def step1(i, accs):
+                fetch(i, 4 * ROWS)
+                return step(_const(0), w, i, accs)
+
+            final = _loop(builder, nk, init, step1)
         else:
             def step4(i, accs):
                 # each row's 4 weights as one vector; each step a lane of it (NEON's fmla by
                 # element takes the lane itself: 6 loads per 4 steps, not 24)
                 wi = builder.add(w, builder.mul(i, _const(16 * ROWS)))
+                fetch(i, 16 * ROWS)
                 wv = [builder.load(_ptr(builder, builder.add(wi, _const(16 * r)), _V4), align=4)
                       for r in range(nr)]
                 for kk in range(4):
@@ -136,7 +156,7 @@ def _make_tile(nv: int, nr: int = ROWS):
             rest = builder.sub(nk, tail)
             wt = builder.add(w, builder.mul(tail, _const(4 * ROWS)))
             final = _loop(builder, rest, final, lambda i, accs: step(tail, wt, i, accs))
-        last = builder.icmp_signed("!=", fin, _const(0))
+        last = builder.icmp_signed("!=", builder.and_(fin, _const(1)), _const(0))
         vlo, vhi = _splat(builder, lo), _splat(builder, hi)
         for r in range(nr):
             with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
@@ -189,24 +209,39 @@ def k_block(k):
     return (-(-k // -(-k // BLOCK_K)) + 3) // 4 * 4
 
 
-def pack_weights(w: np.ndarray) -> np.ndarray:
+def pack_weights(w: np.ndarray, blocked: bool = True) -> np.ndarray:
     """w (O, K) float32 -> the tiles' weights (groups of ROWS channels, K * ROWS floats each),
     made once at load: a group's weights in the order its tiles read them, one sequential
     stream (read in place, the ROWS rows of a 1000 x 512 layer's weights were K floats apart
     and came from L3 at each pass: 8% of its time). x86: step k's ROWS weights together; ARM
     (W_VECTORS): steps 4q..4q+3 of each row together, then K % 4 single steps. Rows past O
-    are zeros (their outputs are computed, never stored)."""
+    are zeros (their outputs are computed, never stored).
+
+    blocked (gemm_act's layout): the groups' chunks of each block of K (k_block) together,
+    block after block, so that a pass over the groups reads one stream; gemm_q, which takes
+    the whole of K a pass, reads them unblocked (group after group)."""
     o, k = w.shape
     g = -(-o // ROWS)
     t = np.zeros((g * ROWS, k), np.float32)
     t[:o] = w
     t = t.reshape(g, ROWS, k)
     if not W_VECTORS:
-        return np.ascontiguousarray(t.transpose(0, 2, 1)).reshape(g, k * ROWS)
-    k4 = k - k % 4
-    quads = t[:, :, :k4].reshape(g, ROWS, k4 // 4, 4).transpose(0, 2, 1, 3).reshape(g, k4 * ROWS)
-    rest = t[:, :, k4:].transpose(0, 2, 1).reshape(g, (k - k4) * ROWS)
-    return np.ascontiguousarray(np.concatenate([quads, rest], axis=1))
+        t = np.ascontiguousarray(t.transpose(0, 2, 1)).reshape(g, k * ROWS)
+    else:
+        k4 = k - k % 4
+        quads = t[:, :, :k4].reshape(g, ROWS, k4 // 4, 4).transpose(0, 2, 1, 3).reshape(g, k4 * ROWS)
+        rest = t[:, :, k4:].transpose(0, 2, 1).reshape(g, (k - k4) * ROWS)
+        t = np.concatenate([quads, rest], axis=1)
+    if not blocked:
+        return np.ascontiguousarray(t)
+    # NOTE: a block's chunk of a group is the same floats either way (k_block's blocks are
+    # multiples of 4 but the last, so ARM's quads never straddle two); only their order moves.
+    # Group after group, a pass over the groups read nk * ROWS floats and skipped the rest of
+    # each group: the prefetchers lost the stream at every skip, and in a model's sequence
+    # (weights from L3) EfficientNet-B0's 1152 x 192 @ 49 ran in 445 us, 269 when repeated
+    kb = k_block(k)
+    chunks = [t[:, k0 * ROWS:min(k, k0 + kb) * ROWS].reshape(-1) for k0 in range(0, k, kb)]
+    return np.concatenate(chunks).reshape(g, k * ROWS)
 
 
 @njit(cache=True)
@@ -339,13 +374,17 @@ def _block(c, w, x, b, scratch, act, alpha, img, p0, g0, g1):
         for g in range(g0, g1):
             o0 = g * ROWS
             rows = min(ROWS, o - o0)
-            wk, ci, bb = wa + (g * k + k0) * ROWS * 4, ca + ((img * o + o0) * p + p0) * 4, ba + o0 * 4
+            # (pack_weights' blocked layout: block k0's chunks after those of the blocks
+            # before it, G groups of k0 rows each, nk * ROWS floats a group)
+            wk = wa + (k0 * w.shape[0] + g * nk) * ROWS * 4
+            ci, bb = ca + ((img * o + o0) * p + p0) * 4, ba + o0 * 4
             for q in range(0, full, PIX):
+                fq = fin | AHEAD if q == 0 else fin
                 if packed:
                     _tile(wk, sa + q * nk * 4, PIX * 4, nk, ci + q * 4, ld, first, rows, bb,
-                          fin, flo, fhi)
+                          fq, flo, fhi)
                 else:
-                    _tile(wk, xk + q * 4, ld, nk, ci + q * 4, ld, first, rows, bb, fin, flo,
+                    _tile(wk, xk + q * 4, ld, nk, ci + q * 4, ld, first, rows, bb, fq, flo,
                           fhi)
             for q in range(full, m, VL):  # the panel's VL-wide rows
                 xq = sa + q * nk * 4
@@ -443,9 +482,9 @@ def _block_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch, img, p0, 
         o0 = g * ROWS
         rows = min(ROWS, o - o0)
         wk = wa + g * k * ROWS * 4
-        for q in range(0, full, PIX):
-            _tile(wk, sa + q * k * 4, PIX * 4, k, aa + q * 4, lda * 4, 0, rows, ba, 1, -inf,
-                  inf)
+        for q in range(0, full, PIX):  # (the first prefetches the next group's weights)
+            _tile(wk, sa + q * k * 4, PIX * 4, k, aa + q * 4, lda * 4, 0, rows, ba,
+                  1 | AHEAD if q == 0 else 1, -inf, inf)
         for q in range(full, m_, VL):  # the panel's VL-wide rows (their last may run past m_)
             _tile8(wk, sa + q * k * 4, VL * 4, k, aa + q * 4, lda * 4, 0, rows, ba, 1, -inf,
                    inf)

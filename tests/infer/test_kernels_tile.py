@@ -187,8 +187,8 @@ def test_gemm_q_exact(name, mode):
             continue  # the parallel twin for one mode (each compile takes seconds)
         out = np.full((n, o, p), 99 if to_int8 else np.nan, np.int8 if to_int8 else np.float32)
         scratch = np.full((parts, kt.scratch_floats_q(k)), np.nan, np.float32)
-        fn(out, kt.pack_weights(w2.astype(np.float32)), x, bias_adj, m, to_int8, float(y_zp), lo,
-           relu, scratch)
+        fn(out, kt.pack_weights(w2.astype(np.float32), blocked=False), x, bias_adj, m, to_int8,
+           float(y_zp), lo, relu, scratch)
         assert np.array_equal(out, want), (name, parts)
 
 

@@ -156,7 +156,7 @@ def _gemm_q(ctx, step, d: dict, y: np.ndarray, x: np.ndarray) -> partial:
     tasks = m * -(-p // kt.PB) * -(-o // kt.ROWS)
     parts = min(d["parts"], tasks) if ctx.parallel(m * o * k * p) else 1
     scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats_q(k)), d["scratch_at"])
-    wf = prepared(d, "w_tiles", lambda: kt.pack_weights(d["w2"].astype(np.float32)))
+    wf = prepared(d, "w_tiles", lambda: kt.pack_weights(d["w2"].astype(np.float32), blocked=False))
     return partial(kt.gemm_q, y.reshape(m, o, p), wf, x, d["bias_adj"], d["m"], d["to_int8"],
                    d["y_zp"], d["lo"], d["relu"], scratch)
 
