@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from functools import partial
 
@@ -81,6 +82,8 @@ from pocket.infer.plan import Region as _Buffer
 SUPPORTED_OPS = frozenset(ops.OPS)  # every IR op: test_registry checks each has a builder
 ALIAS_OPS = ("flatten", "reshape", "dropout")  # views of their input: no kernel, no buffer
 __all__ = ["ALIGN", "ALIAS_OPS", "SUPPORTED_OPS", "Engine", "EngineError"]
+# The Numba thread count an engine last set on each thread (Engine._own_threads)
+_NUMBA_THREADS = threading.local()
 # A call with less work than this (multiply-adds for a GEMM, 16 per element written for a
 # kernel) runs on the calling thread: below it a thread pool's wake-up and barrier cost more
 # than the work they share (batch 1, small layers). 1 << 22 left the 4x4 and 8x8 layers of
@@ -295,9 +298,10 @@ class Engine:
         import numba
 
         threads = self._want_threads
+        pools.note_launch()
         if threads is not None:
             numba.set_num_threads(threads)
-        self._threads = numba.get_num_threads()
+        self._threads = _NUMBA_THREADS.n = numba.get_num_threads()
         if self._ctx is not None:
             self._ctx.threads = self._threads
         self._bound = {}  # the plans' serial/parallel switches depend on the thread count
@@ -585,6 +589,8 @@ class Engine:
                 and x.shape[1:] == fast[1] and 0 < x.shape[0] <= self.max_batch):
             bound = self._bound.get(x.shape[0])
             if bound is not None and bound.direct:
+                if self._threads > 1:
+                    self._own_threads()
                 if bound.pace is None:
                     self._run_fed(bound, x)
                 elif bound.feed is not None and _b.feedable(x):
@@ -674,7 +680,20 @@ class Engine:
                               "inputs must share one non-zero batch size")
         return arr.shape[0]
 
+    def _own_threads(self) -> None:
+        """Numba's thread count back to this engine's where another engine of the process (or
+        of this thread) set its own since: Numba keeps one count a thread, which each engine
+        sets when it plans, and a two-thread engine's parallel kernels ran on one thread after
+        a one-thread engine was built."""
+        if getattr(_NUMBA_THREADS, "n", None) != self._threads:
+            import numba
+
+            numba.set_num_threads(self._threads)
+            _NUMBA_THREADS.n = self._threads
+
     def _execute(self, bound: _Bound, xs: dict, rows: slice) -> None:
+        if self._threads > 1:
+            self._own_threads()
         for name, dst in bound.inputs.items():
             np.copyto(dst, xs[name][rows], casting="same_kind")
         if not bound.direct:

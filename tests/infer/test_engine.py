@@ -173,6 +173,7 @@ def test_threads_size_the_blas_pool(mnist, monkeypatch, threads):
     1-thread engine ran OpenBLAS on every core); None leaves it as it was; a plan of small
     GEMMs on 2+ threads pins it to 1 (pools.spin_policy)."""
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)  # restored after the test
+    monkeypatch.setattr(pools, "_SPIN_AT_LAUNCH", None)  # (what the env says, not this process's pool)
     fake = _FakeBlas()
     monkeypatch.setattr(pools, "blas_controllers", lambda: [fake])
     with Engine(mnist["path"], threads=threads) as eng:
@@ -257,6 +258,7 @@ def test_spinning_openmp_pins_blas_for_large_plans_too(monkeypatch, tmp_path, sp
     sample = {v: i.shape[1:] for v, i in g.validate().items()}
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(pools, "_SPIN_AT_LAUNCH", None)
     if split:
         assert pools.spin_policy(g, sample, 2) == (True, True)
         assert os.environ["GOMP_SPINCOUNT"] == "100000"
@@ -267,6 +269,60 @@ def test_spinning_openmp_pins_blas_for_large_plans_too(monkeypatch, tmp_path, sp
     monkeypatch.setenv("GOMP_SPINCOUNT", "100000")
     assert pools.spin_policy(g, sample, 2) == (True, True)
     assert pools.spin_policy(g, sample, 1) == (False, False)
+
+
+def test_openmp_policy_is_set_before_the_first_engine_starts_the_pool(mnist):
+    """A fresh process whose first engine has one thread, on the path that calls BLAS: OpenMP's
+    pool starts with that engine (Numba's set_num_threads) and reads its wait policy then, so
+    the spinning a later two-thread engine wants is set before it; that engine then plans as
+    spinning, and pools.omp_spins() keeps answering what the pool started with, whatever the
+    environment says later."""
+    code = (f"import os, numpy as np\nfrom pocket.infer import Engine, pools\n"
+            f"if pools.default_threads() < 2 or not pools.blas_controllers() or not pools.split_gemms():\n"
+            f"    print('SKIP'); raise SystemExit\n"
+            f"x = np.zeros((1, 1, 28, 28), np.float32)\n"
+            f"e1 = Engine({str(mnist['path'])!r}, threads=1); e1.warmup(); e1.run(x)\n"
+            f"assert os.environ.get('GOMP_SPINCOUNT') == '100000'\n"
+            f"assert pools._SPIN_AT_LAUNCH is True, pools._SPIN_AT_LAUNCH\n"
+            f"e2 = Engine({str(mnist['path'])!r}, threads=2); e2.warmup(); e2.run(x)\n"
+            f"assert e2._spinning and e2._pinned\n"
+            f"os.environ['GOMP_SPINCOUNT'] = '0'\n"
+            f"assert pools.omp_spins()\n"
+            f"print('OK')\n")
+    env = {**os.environ, "POCKET_FP32_FMA": "0", "POCKET_INT8_VNNI": "0"}
+    env.pop("GOMP_SPINCOUNT", None)
+    env.pop("OMP_WAIT_POLICY", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    if out.stdout.strip() == "SKIP":
+        pytest.skip("needs 2 cores and an OpenBLAS whose sgemm pocket finds")
+    assert out.stdout.strip() == "OK"
+
+
+def test_each_engine_runs_on_its_own_thread_count(mnist):
+    """Numba keeps one thread count a thread and each engine sets it when it plans: a
+    two-thread engine built before a one-thread one takes its count back when it runs (its
+    parallel kernels ran on one thread), through run() and run_all() alike."""
+    import numba
+
+    if pools.default_threads() < 2:
+        pytest.skip("needs 2 cores")
+    before = numba.get_num_threads()
+    x = np.random.default_rng(3).random((1, 1, 28, 28), dtype=np.float32)
+    try:
+        e2 = Engine(mnist["path"], threads=2)
+        want = e2.run(x).copy()
+        e1 = Engine(mnist["path"], threads=1)
+        e1.run(x)
+        assert numba.get_num_threads() == 1
+        np.testing.assert_array_equal(e2.run(x), want)
+        assert numba.get_num_threads() == 2
+        e1.run(x)
+        e2.run_all(x)
+        assert numba.get_num_threads() == 2
+    finally:
+        numba.set_num_threads(before)
+        engine_mod._NUMBA_THREADS.n = before
 
 
 def test_import_pulls_in_no_heavy_modules():
