@@ -23,8 +23,14 @@ from pocket.infer.routes.conv_pw import pointwise_limit
 # NOTE: measured against np.matmul + bias_act on one thread (OpenBLAS, Zen 2 AVX2): 0.55-0.9x
 # up to K = 480 (MobileNet / EfficientNet / ShuffleNet 1x1 convs and 3-channel stems), about
 # 1.0x at 1152 x 192 over 49 pixels, 1.15-1.2x at K = 672 and 1152; through im2col 1.15x at
-# ResNet-18's 7x7 stem (64 x 147 over 12544 pixels), 1.0x at 64 x 128
-TILE_MAX_K, COLS_MAX_K = 512, 128
+# ResNet-18's 7x7 stem (64 x 147 over 12544 pixels), 1.0x at 64 x 128. Those were layers
+# called alone, their weights in cache; in a network's sequence they come from memory, which
+# OpenBLAS then reads twice a call (it packs them first) and the tiles once, packed at load
+# (kernels_tile.pack_weights): 1x1 convs up to K = 1152 (was 512) took EfficientNet-B0 and
+# MobileNetV3-small 0.97-0.98x on one thread, MobileNetV3-small 0.97-0.98x on two,
+# EfficientNet-B0 1.00x there (Xeon, OpenBLAS on AVX-512; interleaved). The emulated Pi 5
+# counts 0.1-0.5% more instructions (bench/results/s24_arm_pi5_tilek.md)
+TILE_MAX_K, COLS_MAX_K = 1152, 128
 
 
 def _limits(geo, dtype, cpu) -> str | None:
