@@ -45,8 +45,9 @@ def spin_policy(graph: Graph, sample: dict, threads: int | None) -> tuple[bool, 
             # NOTE: the process's first engine starts OpenMP's pool, which reads its wait policy
             # then and never again: a one-thread engine built first (its plan never enters the
             # pool) left a later two-thread engine's workers asleep, each of its parallel
-            # kernels waiting ~60 us to wake one (MobileNetV3-small portable: 2.2 ms on two
-            # threads against 2.1 on one). What a two-thread plan here would set, set now
+            # kernels waiting ~60 us to wake one (MobileNetV3-small portable, its calls timed one
+            # by one: 7.3 ms on two threads against 2.2 on one). What a two-thread plan here
+            # would set, set now
             let_omp_spin()
         return False, False
     if split_gemms() or blas_small(graph, sample):
