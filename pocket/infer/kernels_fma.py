@@ -41,6 +41,7 @@ from pocket.infer.kernels_vnni import (
     _lanes_below,
     _loop,
     _masked_io,
+    _prefetch,
     _ptr,
     _row_at,
     _splat,
@@ -117,9 +118,6 @@ def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False, partial: bool = 
 
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                              "llvm.fma.v16f32")
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32]),
-            "llvm.prefetch.p0i8")
         start = builder.icmp_signed("!=", acc, _const(0))
         c_at = [[builder.add(_row_at(builder, c, r, rows, ldc), _const(64 * v)) for v in range(nv)]
                 for r in range(nr)]
@@ -141,8 +139,7 @@ def _make_tile(nv: int, nr: int = TILE_O, masked: bool = False, partial: bool = 
                 # thread: 19.5-19.6 ms against 20.8-21.2 a row a step, 21.3-22.2 without)
                 sweep = builder.mul(i, _const(4 * nr))
                 nxt = builder.add(w, builder.add(builder.mul(ldw, _const(nr)), sweep))
-                builder.call(prefetch, [_ptr(builder, nxt, ir.IntType(8)), ir.Constant(_I32, 0),
-                                        ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                _prefetch(builder, nxt)
             return _broadcast_fmas(builder, fma, [builder.add(a, k4) for a in w_at], xs, accs)
 
         final = _loop(builder, nk, init, step)

@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import act_inplace
 from pocket.infer.kernels_pw import _requant_row
-from pocket.infer.kernels_vnni import _const, _loop, _ptr
+from pocket.infer.kernels_vnni import _const, _loop, _prefetch, _ptr
 from pocket.infer.kernels_vnni import _splat as _vsplat
 
 VL = 8  # floats a vector
@@ -92,18 +92,13 @@ def _make_tile(nv: int, nr: int = ROWS):
         w, x, ldx, nk, c, ldc, acc, rows, b, fin, lo, hi = args
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                              f"llvm.fmuladd.v{VL}f32")
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32]),
-            "llvm.prefetch.p0i8")
         ahead = builder.icmp_signed("!=", builder.and_(fin, _const(AHEAD)), _const(0))
         nxt = builder.add(w, builder.mul(nk, _const(4 * ROWS)))  # the weights after this block's
 
         def fetch(i, size):
             """prefetch the next weights' i-th run of `size` bytes (a step's, a quad's)"""
             with builder.if_then(ahead):
-                builder.call(prefetch, [_ptr(builder, builder.add(nxt, builder.mul(i, _const(size))),
-                                             ir.IntType(8)),
-                                        ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+                _prefetch(builder, builder.add(nxt, builder.mul(i, _const(size))))
 
         def load(addr):
             return builder.load(_ptr(builder, addr, _VF), align=4)

@@ -89,6 +89,16 @@ def _ptr(builder, addr, ty):
     return builder.inttoptr(addr, ty.as_pointer())
 
 
+def _prefetch(builder, addr):
+    """Prefetch the line at byte address addr for reading, into every cache level (the GEMM
+    tiles' weights ahead of their pass: kernels_fma, kernels_tile)."""
+    i8p = ir.IntType(8).as_pointer()
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [_I32] * 3),
+                                        "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.inttoptr(addr, i8p), ir.Constant(_I32, 0), ir.Constant(_I32, 3),
+                      ir.Constant(_I32, 1)])
+
+
 def _splat(builder, val, vty):
     """A vector of type vty (any number of lanes) with every lane val."""
     one = builder.insert_element(ir.Constant(vty, ir.Undefined), val, ir.Constant(_I32, 0))

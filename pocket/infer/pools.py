@@ -40,8 +40,9 @@ def spin_policy(graph: Graph, sample: dict, threads: int | None) -> tuple[bool, 
     if spin_if_no_blas(graph):
         return True, False
     top = threads if threads is not None else default_threads()
-    if top < 2 or not blas_controllers():
-        if top < 2 and default_threads() >= 2 and blas_controllers() and split_gemms():
+    blas = blas_controllers()  # (threadpoolctl scans the loaded libraries: once)
+    if top < 2 or not blas:
+        if top < 2 and blas and default_threads() >= 2 and split_gemms():
             # NOTE: the process's first engine starts OpenMP's pool, which reads its wait policy
             # then and never again: a one-thread engine built first (its plan never enters the
             # pool) left a later two-thread engine's workers asleep, each of its parallel
