@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pocket.export import onnx_export  # noqa: F401 - registers the ONNX mapping of every op
-from pocket.export.calibrate import DEFAULT_PERCENTILE, METHODS, run_pass
+from pocket.export.calibrate import DEFAULT_PERCENTILE, METHODS, RUN_BATCH, batches, run_pass
 from pocket.export.errors import ExportError
 from pocket.export.quantize import (
     DEFAULT_CALIB_SAMPLES,
@@ -325,7 +325,7 @@ def _size_fp32(fmt: str, graph: Graph, params, folder: Path) -> int:
 def _run(g: Graph, p, q, x: np.ndarray) -> np.ndarray:
     """The first output of a graph on x, through the reference interpreter, chunk by chunk."""
     out = g.outputs[0]
-    return np.concatenate([reference.run(g, p, xb, q)[out] for xb in _chunks(x)])
+    return np.concatenate([reference.run(g, p, xb, q)[out] for xb in batches(x, RUN_BATCH)])
 
 
 def _diff(a: np.ndarray, b: np.ndarray, task: str | None = None) -> dict:
@@ -336,11 +336,6 @@ def _diff(a: np.ndarray, b: np.ndarray, task: str | None = None) -> dict:
     if task == "classification" and a.ndim == 2:
         res["top1_agreement"] = float(np.mean(a.argmax(1) == b.argmax(1)))
     return res
-
-
-def _chunks(x: np.ndarray, size: int = 64):
-    for i in range(0, len(x), size):
-        yield x[i:i + size]
 
 
 # --------------------------------------------------------------------------- text

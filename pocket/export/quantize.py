@@ -31,7 +31,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pocket.export.calibrate import DEFAULT_PERCENTILE, Pass, batches, check_method, run_pass
+from pocket.export.calibrate import (
+    DEFAULT_PERCENTILE,
+    RUN_BATCH,
+    Pass,
+    batches,
+    check_method,
+    run_pass,
+)
 from pocket.export.transforms import DTYPE_NAMES, consumers
 from pocket.formats import ops, reference
 from pocket.formats import quant as Q
@@ -210,16 +217,18 @@ def _layer_errors(graph: Graph, params, x: np.ndarray, plan: _Plan, ranges,
                                           for xb in batches(x))
     for env in envs:
         for name, (g, p, quant, xv, yv) in minis.items():
-            y = env[yv].astype(np.float64)
-            yq = reference.run(g, p, env[xv], quant)[g.outputs[0]].astype(np.float64)
             # per output channel: axis 1 of a conv's (N, C, H, W), the last of a linear's (N, ..., O)
-            axes = tuple(range(y.ndim - 1)) if node_ops[name] == "linear" else (0, *range(2, y.ndim))
+            axes = tuple(range(env[yv].ndim - 1)) if node_ops[name] == "linear" else (
+                0, *range(2, env[yv].ndim))
             s = sums[name]
-            d2, y2 = (yq - y) ** 2, y**2
-            s[0] = s[0] + d2.sum(axis=axes)
-            s[1] = s[1] + y2.sum(axis=axes)
-            s[2] += float(d2.sum())
-            s[3] += float(y2.sum())
+            for xb, yb in zip(batches(env[xv], RUN_BATCH), batches(env[yv], RUN_BATCH), strict=True):
+                y = yb.astype(np.float64)
+                yq = reference.run(g, p, xb, quant)[g.outputs[0]].astype(np.float64)
+                d2, y2 = (yq - y) ** 2, y**2
+                s[0] = s[0] + d2.sum(axis=axes)
+                s[1] = s[1] + y2.sum(axis=axes)
+                s[2] += float(d2.sum())
+                s[3] += float(y2.sum())
     out = {}
     for name, (noise_c, signal_c, noise, signal) in sums.items():
         live = signal_c[signal_c > 0]

@@ -112,10 +112,14 @@ def requantize(acc: np.ndarray, m: np.ndarray, y_zero_point: int, relu: bool,
     docstring); hi the highest code (a clip's)."""
     shape = [1] * acc.ndim
     shape[axis] = -1
-    v = acc.astype(np.float32) * np.asarray(m, np.float64).astype(np.float32).reshape(shape)
-    y = np.rint(v).astype(np.float64) + y_zero_point
+    v = acc.astype(np.float32)
+    v *= np.asarray(m, np.float64).astype(np.float32).reshape(shape)
+    # NOTE: in float32, in place: rint(v) is an integer, exact in float32; adding the zero
+    # point is exact below 2**24, and above it the rounded sum is still far outside the clip
+    v = np.rint(v, out=v)
+    v += y_zero_point
     lo = y_zero_point if relu else QMIN
-    return np.clip(y, lo, hi).astype(np.int8)
+    return np.clip(v, lo, hi, out=v).astype(np.int8)
 
 
 def sqnr_db(ref: np.ndarray, approx: np.ndarray) -> float:

@@ -124,12 +124,14 @@ def _is_int8(a: Mapping[str, Any]) -> bool:
 
 
 def _int8_epilogue(a, acc: np.ndarray, w_scale) -> np.ndarray:
-    """acc (N, O, ...) int64 -> int8 (requantized) or float32, per pocket.formats.quant."""
+    """acc (N, O, ...) integers (int64, or float64 holding them exactly) -> int8 (requantized)
+    or float32, per pocket.formats.quant."""
     if w_scale is None:
         raise FormatError("an int8 conv2d/linear needs the weight's per-channel scales")
     if acc.min(initial=0) < q.INT32_MIN or acc.max(initial=0) > q.INT32_MAX:
         raise FormatError("int8 accumulator overflows int32")
-    acc = acc.astype(np.int32)
+    # NOTE: a float64 integer rounds to float32 (requantize's first step) as its int32 does
+    acc = acc if acc.dtype == np.float64 else acc.astype(np.int32)
     act = a.get("activation", "none")  # none, or one that fuses into int8 (ops.int8_fuses)
     if a.get("y_scale") is not None:
         m = q.requant_multiplier(a["x_scale"], w_scale, a["y_scale"])
@@ -145,15 +147,34 @@ def _int8_epilogue(a, acc: np.ndarray, w_scale) -> np.ndarray:
 # --------------------------------------------------------------------------- linear and conv
 
 
-def _exact_int(acc: np.ndarray) -> np.ndarray:
-    """float64 sums of int8 products -> int64, exactly.
+# NOTE: the int8 dot products are summed by BLAS in floating point rather than in int64 (NumPy
+# has no integer BLAS; 10x slower), exactly: every product and partial sum is an integer, and a
+# float holds each exactly, in any order, while they stay within its integers. float64's reach
+# 2**53 (|x - x_zp| <= 255, |w| <= 128: up to 2**37 terms); float32's 2**24, and a product is at
+# most 32640, so a float32 GEMM over at most EXACT_F32_TERMS terms is exact whatever order or
+# FMA its BLAS uses (1.5-2x float64's speed, half its bytes); longer sums add such blocks in
+# float64.
+EXACT_F32_TERMS = 2**24 // (255 * 128)
 
-    NOTE: the int8 dot products are summed in float64 (BLAS) rather than int64 (NumPy has no
-    integer BLAS; 10x slower): every product and partial sum is an integer below 2**53
-    (|x - x_zp| <= 255, |w| <= 128, so up to 2**37 terms), which float64 holds exactly in any
-    order, so the result is the integer sum itself.
-    """
-    return acc.astype(np.int64)
+
+def _matmul_exact(wg: np.ndarray, col: np.ndarray, out: np.ndarray) -> None:
+    """out (..., O, P) = wg (..., O, K) @ col (..., K, P), float32 arrays holding int8-sized
+    integers: exact (see EXACT_F32_TERMS), in float32 GEMMs of K blocks summed in float64.
+    out: float64, or float32 when K <= EXACT_F32_TERMS."""
+    k = wg.shape[-1]
+    if k <= EXACT_F32_TERMS:
+        np.matmul(wg, col, out=out) if out.dtype == np.float32 else np.copyto(out, wg @ col)
+        return
+    out[...] = 0.0
+    for k0 in range(0, k, EXACT_F32_TERMS):
+        out += np.matmul(wg[..., k0:k0 + EXACT_F32_TERMS], col[..., k0:k0 + EXACT_F32_TERMS, :])
+
+
+def _exact_sums(acc: np.ndarray, b: np.ndarray | None, channel_shape) -> np.ndarray:
+    """_matmul_exact's sums plus an int32 bias, float64: exact (integers far below 2**53)."""
+    if b is None:
+        return acc.astype(np.float64, copy=False)
+    return np.add(acc, b.astype(np.float64).reshape(channel_shape), dtype=np.float64)
 
 
 @ops.register("reference", "linear")
@@ -161,10 +182,10 @@ def linear(a, x, w, b=None, *, w_scale=None):
     """x (N, ..., K), w (O, K), b (O,) -> (N, ..., O)."""
     if _is_int8(a):
         # the leading dims as rows (N * ..., K): the epilogue's channels are then axis 1
-        rows = x.reshape(-1, x.shape[-1])
-        acc = _exact_int(_f64(rows.astype(np.int64) - a["x_zero_point"]) @ _f64(w).T)
-        if b is not None:
-            acc = acc + b.astype(np.int64)
+        rows = np.subtract(x.reshape(-1, x.shape[-1]), a["x_zero_point"], dtype=np.float32)
+        acc = np.empty((len(rows), w.shape[0]))
+        _matmul_exact(w.astype(np.float32), rows.T, acc.T)
+        acc = _exact_sums(acc, b, (1, -1))
         return _int8_epilogue(a, acc, w_scale).reshape(*x.shape[:-1], w.shape[0])
     y = _f64(x) @ _f64(w).T
     if b is not None:
@@ -184,7 +205,8 @@ CONV_CHUNK_BYTES = 4 << 20
 
 
 def _conv(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int) -> np.ndarray:
-    """x (N, C, H, W), w (O, C/g, kh, kw) float64 -> (N, O, Ho, Wo) float64.
+    """x (N, C, H, W), w (O, C/g, kh, kw) float64 -> (N, O, Ho, Wo) float64; float32 x and w
+    holding int8-sized integers (x - x_zp, w_q) -> their exact sums (_matmul_exact).
 
     Cross-correlation as one matrix product per chunk of images: the zero-padded input viewed
     (no copy) as cols[n, g, c, i, j, oh, ow] = xp[n, g*cg + c, oh*sh + i*dh, ow*sw + j*dw],
@@ -201,15 +223,26 @@ def _conv(x: np.ndarray, w: np.ndarray, stride, padding, dilation, groups: int) 
         (s0, cg * s1, s1, dh * s2, dw * s3, sh * s2, sw * s3), writeable=False)
     k = cg * kh * kw
     wg = w.reshape(groups, o // groups, k)
-    out = np.empty((n, groups, o // groups, ho * wo), x.dtype)
+    exact32 = x.dtype == np.float32 and k <= EXACT_F32_TERMS  # the sums fit float32 exactly
+    out = np.empty((n, groups, o // groups, ho * wo), np.float32 if exact32 else np.float64)
     # NOTE: the columns of a chunk are kh*kw times its input; chunks of ~4 MiB stay in cache
     # for the product, 1.5-2x faster on a 224x224 model than large chunks. Every product is
     # one image and group, whatever the chunk, so the sums do not depend on it.
     step = max(1, (CONV_CHUNK_BYTES) // max(1, groups * k * ho * wo * x.itemsize))
     for b0 in range(0, n, step):
         col = cols[b0:b0 + step].reshape(-1, groups, k, ho * wo)
-        np.matmul(wg, col, out=out[b0:b0 + step])
+        if x.dtype == np.float32:
+            _matmul_exact(wg, col, out[b0:b0 + step])
+        else:
+            np.matmul(wg, col, out=out[b0:b0 + step])
     return out.reshape(n, o, ho, wo)
+
+
+# NOTE: conv2d runs a batch this many bytes of float64 output at a time: its sums, bias,
+# activation and rounding then pass over arrays that stay in cache, where whole-batch
+# temporaries (400 MB for ResNet-18's stem over 64 images) cost more in page faults than the
+# arithmetic. Every output element is computed alone, so the chunks do not change it.
+CONV_OUT_CHUNK_BYTES = 8 << 20
 
 
 @ops.register("reference", "conv2d")
@@ -217,16 +250,35 @@ def conv2d(a, x, w, b=None, *, w_scale=None):
     """x (N, C, H, W), w (O, C/groups, kh, kw), b (O,) -> (N, O, Ho, Wo)."""
     geom = (a.get("stride", [1, 1]), a.get("padding", [0, 0]), a.get("dilation", [1, 1]),
             a.get("groups", 1))
-    if _is_int8(a):
-        # NOTE: shifting by x_zp before padding with 0 is exactly "padded x_q equals x_zp".
-        acc = _exact_int(_conv(x.astype(np.float64) - a["x_zero_point"], _f64(w), *geom))
-        if b is not None:
-            acc = acc + b.astype(np.int64).reshape(1, -1, 1, 1)
-        return _int8_epilogue(a, acc, w_scale)
-    y = _conv(_f64(x), _f64(w), *geom)
-    if b is not None:
-        y = y + _f64(b).reshape(1, -1, 1, 1)
-    return _f32(_activate64(y, a))
+    int8 = _is_int8(a)
+    wk = w.astype(np.float32) if int8 else _f64(w)
+    out = None
+    for b0, xb in _image_chunks(x, w.shape[0], geom):
+        if int8:
+            # NOTE: shifting by x_zp before padding with 0 is exactly "padded x_q equals x_zp".
+            xs = np.subtract(xb, a["x_zero_point"], dtype=np.float32)
+            y = _int8_epilogue(a, _exact_sums(_conv(xs, wk, *geom), b, (1, -1, 1, 1)), w_scale)
+        else:
+            y = _conv(_f64(xb), wk, *geom)
+            if b is not None:
+                y += _f64(b).reshape(1, -1, 1, 1)
+            y = _f32(_activate64(y, a))
+        if out is None:
+            out = np.empty((len(x), *y.shape[1:]), y.dtype)
+        out[b0:b0 + len(y)] = y
+    return out
+
+
+def _image_chunks(x: np.ndarray, o: int, geom):
+    """(first image, x[first:first + step]) over x, step images of CONV_OUT_CHUNK_BYTES of
+    float64 output (o channels)."""
+    stride, padding, dilation, _ = geom
+    n, _, h, wd = x.shape
+    per_image = 8 * o * max(1, (h + 2 * padding[0]) // stride[0]) * max(
+        1, (wd + 2 * padding[1]) // stride[1])
+    step = max(1, CONV_OUT_CHUNK_BYTES // per_image)
+    for b0 in range(0, max(n, 1), step):
+        yield b0, x[b0:b0 + step]
 
 
 @ops.register("reference", "batchnorm")
@@ -257,7 +309,12 @@ def _windows(x: np.ndarray, a, pad_value):
 def maxpool2d(a, x, **_):
     """x (N, C, H, W) f32 or i8 -> (N, C, Ho, Wo); padding never wins (-inf, or -128 for i8)."""
     pad = -128 if x.dtype == np.int8 else -np.inf
-    return np.maximum.reduce(list(_windows(x, a, pad))).astype(x.dtype)
+    # a left fold over the taps, as maximum.reduce over them stacked, without the stack
+    taps = _windows(x, a, pad)
+    out = np.array(next(taps))
+    for tap in taps:
+        np.maximum(out, tap, out=out)
+    return out.astype(x.dtype, copy=False)
 
 
 @ops.register("reference", "avgpool2d")

@@ -61,7 +61,7 @@ def _int8_epilogue(a, acc: np.ndarray, w_scale) -> np.ndarray:
 def conv1d(a, x, w, b=None, *, w_scale=None):
     """x (N, C, L), w (O, C/groups, K), b (O,) -> (N, O, Lo)."""
     if a.get("x_scale") is not None:
-        # NOTE: int8 products summed in float64 are exact integers (see reference._exact_int)
+        # NOTE: int8 products summed in float64 are exact integers (see reference.EXACT_F32_TERMS)
         acc = _conv1d64(_f64(x.astype(np.int64) - a["x_zero_point"]), _f64(w), a).astype(np.int64)
         if b is not None:
             acc = acc + b.astype(np.int64).reshape(1, -1, 1)

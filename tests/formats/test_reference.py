@@ -272,6 +272,29 @@ def test_int8_linear_over_leading_dims(lead, bias, act, out_int8):
             assert got[idx][j] == want, (idx, j, got[idx][j], want)
 
 
+@pytest.mark.parametrize("op", ["conv2d", "linear"])
+def test_int8_sums_exact_past_float32s_integers(op):
+    """Long dot products of the largest int8 terms (x - x_zp = 255, w near 127): the sums pass
+    2**24, where float32 stops holding every integer, and the op must still give int64's. The
+    bias takes each channel's sum back to a small known number, so the float32 output shows
+    an error of one in the sum."""
+    xzp, k = -128, 1600
+    w_q = RNG.integers(100, 128, (3, k)).astype(np.int8)
+    w_q[1] *= -1
+    dot = 255 * w_q.astype(np.int64).sum(axis=1)
+    assert np.abs(dot).min() > 2**25 and (dot % 2).any()  # partial sums past float32's integers
+    offset = np.array([3, -5, 7])
+    b_q = (offset - dot).astype(np.int32)
+    if op == "conv2d":
+        x_q, w_q = np.full((2, 64, 6, 7), 127, np.int8), w_q.reshape(3, 64, 5, 5)
+        want = np.broadcast_to(offset.reshape(1, 3, 1, 1), (2, 3, 2, 3))
+    else:
+        x_q, want = np.full((4, k), 127, np.int8), np.broadcast_to(offset, (4, 3))
+    a = _attrs(op, ["x", "w", "b"], ["y"], x_scale=1.0, x_zero_point=xzp)
+    got = getattr(ref, op)(a, x_q, w_q, b_q, w_scale=np.ones(3, np.float32))
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
 def test_int8_needs_weight_scale():
     a, x_q, w_q, b_q, *_ = _int8_conv_case(False, True)
     with pytest.raises(FormatError, match="scales"):
