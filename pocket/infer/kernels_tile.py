@@ -284,6 +284,26 @@ def gemm_act(c, w, x, b, scratch, act, alpha):
             act_inplace(cf, lo, hi - lo, np.float32(0.0), act, alpha)
 
 
+@kernel
+def gemm_act_each(c, w, x, b, scratch, act, alpha):
+    """gemm_act with each image's own weights: c[i] = act(w[i] @ x[i] + b), w (N, groups,
+    K * ROWS) pack_weights' layouts stacked (Winograd's 16 GEMMs in one call: its tasks spread
+    over the threads, where 16 calls would wait for them 16 times)."""
+    parts = scratch.shape[0]
+    nb, ng, _ = _tasks(x, c.shape[1])
+    for part in prange(parts):
+        t0, t1 = _span(part, parts, x, nb, ng), _span(part + 1, parts, x, nb, ng)
+        while t0 < t1:
+            img, p0, g0, g1 = _run(t0, t1, nb, ng)
+            _block(c, w[img], x, b, scratch[part], act, alpha, img, p0, g0, g1)
+            t0 += g1 - g0
+    if clamp_of(act, alpha)[2]:
+        cf, size = c.reshape(-1), c.size
+        for part in prange(parts):
+            lo, hi = part * size // parts, (part + 1) * size // parts
+            act_inplace(cf, lo, hi - lo, np.float32(0.0), act, alpha)
+
+
 @njit(cache=True, inline="always")
 def _tasks(x, o):
     """(pixel blocks an image, channel groups, tasks) of a GEMM of O channels over x (N, K, P)."""

@@ -17,7 +17,7 @@ from models import Builder, FakeContainer
 from route_fuzz import kernel_names
 
 from pocket.formats import reference as ref
-from pocket.infer import Engine
+from pocket.infer import Engine, kernels_tile
 from pocket.infer import kernels_fp32 as kf
 
 
@@ -74,6 +74,8 @@ CASES = {
 # the portable path with kernels_tile: its GEMM (bias and ReLU in the tile) where it takes the
 # conv, BLAS's kernels elsewhere
 _TILE = {"pointwise": "gemm_act", "strided": "gemm_act", "strided_pool": "gemm_act"}
+if not kernels_tile.W_VECTORS:  # x86: conv_tile_cols ahead of conv_gemm_pitch (conv_tile.py)
+    _TILE.update(dict.fromkeys(("pitch", "one_image", "conv_pool", "conv_pool_3x3"), "gemm_act"))
 for _name, _case in CASES.items():
     if "blas" in _case[3]:
         _case[3]["tile"] = _TILE.get(_name, _case[3]["blas"])

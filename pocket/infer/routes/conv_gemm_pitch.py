@@ -11,6 +11,7 @@ import numpy as np
 from pocket.infer import kernels_fp32 as kf
 from pocket.infer import lowering_common as lc
 from pocket.infer.lowering_common import _act_alpha, _act_code, _aligned
+from pocket.infer.routes import conv_tile
 from pocket.infer.routes.base import Route, conv_prep, pitch_geometry, register
 
 
@@ -30,6 +31,11 @@ class ConvGemmPitch(Route):
 
     def limits(self, geo, dtype, cpu):
         return pitch_route_limits(geo, dtype)
+
+    def declines(self, geo, dtype, cpu):
+        if conv_tile.cols_take_pitch(geo, cpu):
+            return "conv_tile_cols runs it (x86's portable path)"
+        return None
 
     def prepare(self, ctx, node):
         d = conv_prep(ctx, node, self.name)

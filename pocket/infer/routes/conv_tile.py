@@ -30,7 +30,23 @@ from pocket.infer.routes.conv_pw import pointwise_limit
 # MobileNetV3-small 0.97-0.98x on one thread, MobileNetV3-small 0.97-0.98x on two,
 # EfficientNet-B0 1.00x there (Xeon, OpenBLAS on AVX-512; interleaved). The emulated Pi 5
 # counts 0.1-0.5% more instructions (bench/results/s24_arm_pi5_tilek.md)
-TILE_MAX_K, COLS_MAX_K = 1152, 128
+TILE_MAX_K = 1152
+# ... and the convs through im2col columns (conv_tile_cols): on x86 (AVX2) up to COLS_MAX_K_X86
+# rows along K, ahead of conv_gemm_pitch's BLAS too (cols_take_pitch). On a 2-core Zen 1
+# (numpy's OpenBLAS with its Haswell kernels, ~10-12 GMAC/s where the tiles run 12-16),
+# interleaved in one process: SqueezeNet's 55x55 fires (16 -> 64, K = 144) 0.93-0.94x of the
+# whole model on one and two threads; ResNet-18's stem and stride-2 convs 0.975 / 1.00. On the
+# Xeon's portable path (OpenBLAS on AVX-512) such raises were 0.99-1.01x. ARM keeps 128: its
+# instruction counts were not measured with more
+COLS_MAX_K_X86 = 4608
+COLS_MAX_K = 128 if kt.W_VECTORS else COLS_MAX_K_X86
+
+
+def cols_take_pitch(geo, cpu) -> bool:
+    """Whether conv_tile_cols runs a conv that conv_gemm_pitch (BLAS) would: x86's portable
+    path (the constants above), a conv it takes."""
+    return (not kt.W_VECTORS and not cpu.fma and kt.AVAILABLE and geo.groups == 1
+            and geo.k <= COLS_MAX_K)
 
 
 def _limits(geo, dtype, cpu) -> str | None:

@@ -12,6 +12,7 @@ import numpy as np
 from pocket.infer import kernels_fma as kfma
 from pocket.infer import kernels_fma_winograd as kfw
 from pocket.infer import kernels_fp32 as kf
+from pocket.infer import kernels_tile as kt
 from pocket.infer import kernels_winograd as kwg
 from pocket.infer import lowering_common as lc
 from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned, fused_residual
@@ -47,8 +48,13 @@ WINOGRAD_MIN_TILES = 48
 # rows fall in one L1 set, and the filter transform, which writes all 16 per filter, ran 10x
 # slower
 U_SKEW = 16
+# On x86's portable path the 16 GEMMs run on kernels_tile (one gemm_act each, U packed at
+# load): numpy's OpenBLAS ran ResNet-18's (64 x 64 @ 784, 128 x 128 @ 196, 256 x 256 @ 49) at
+# ~10 GMAC/s on a 2-core Zen 1 (Haswell kernels), the tiles at 12-16. ARM keeps BLAS (its
+# instruction counts were not measured with the tiles)
+TILE_GEMMS = True
 # where a batch with few tiles runs: the first of these the table would take
-PITCH_ROUTES = ("conv_fma_pitch", "conv_fma_cols", "conv_gemm_pitch")
+PITCH_ROUTES = ("conv_fma_pitch", "conv_fma_cols", "conv_gemm_pitch", "conv_tile_cols")
 
 
 def min_channels(fma: bool, n: int = 0) -> int:
@@ -83,13 +89,31 @@ def filter_u(d: dict) -> np.ndarray:
 
     NOTE: it was made again at every call, in the arena: ResNet-18's transforms took 2 ms of
     a 45 ms call on the portable path."""
+    return prepared(d, "u", lambda: _make_u(d))
+
+
+def _make_u(d: dict) -> np.ndarray:
+    o, c = d["o"], d["c"]
+    u = np.zeros((16, o * c + U_SKEW), np.float32)
+    (kfw.filter_transform if d["fma"] else kwg.filter_transform).serial(u[:, :o * c], d["w9"])
+    return u
+
+
+def filter_u_tiles(d: dict) -> np.ndarray:
+    """U's 16 matrices (O, C) as kernels_tile.pack_weights lays them, (16, groups, C * ROWS),
+    made at the first bind and kept in place of U (the same bytes but the last group's pad)."""
     def make():
         o, c = d["o"], d["c"]
-        u = np.zeros((16, o * c + U_SKEW), np.float32)
-        (kfw.filter_transform if d["fma"] else kwg.filter_transform).serial(u[:, :o * c], d["w9"])
-        return u
+        u = _make_u(d)
+        return np.stack([kt.pack_weights(u[i, :o * c].reshape(o, c)) for i in range(16)])
 
-    return prepared(d, "u", make)
+    return prepared(d, "u_tiles", make)
+
+
+def gemms_on_tiles(cpu) -> bool:
+    """Whether the 16 GEMMs run on kernels_tile rather than BLAS: x86's portable path (see
+    TILE_GEMMS)."""
+    return TILE_GEMMS and not cpu.fma and kt.AVAILABLE and not kt.W_VECTORS
 
 
 def winograd_cols(d: dict, m: int) -> int:
@@ -127,6 +151,10 @@ class ConvWinograd(Route):
             winograd_cols(d, 1) - d["th"] * d["tw"])) * 4
         d["chunk"] = max(1, min(ctx.max_batch, lc.SCRATCH_BYTES // per_image))
         d["scratch_bytes"] = sum(_aligned(e * 4) for e in winograd_sizes(d, d["chunk"]))
+        d["tiles"] = gemms_on_tiles(ctx.cpu)
+        if d["tiles"]:  # one kernels_tile panel a thread, after the transforms' scratch
+            d["parts"], d["tiles_at"] = max(1, ctx.threads), d["scratch_bytes"]
+            d["scratch_bytes"] += _aligned(d["parts"] * kt.scratch_floats(c) * 4)
         return d
 
     def with_pitch_plan(self, ctx, node, d: dict) -> dict:
@@ -170,7 +198,7 @@ class ConvWinograd(Route):
                 views.append(ctx.scratch(step, np.float32, shape, at))
                 at += _aligned(full * 4)
             xpad, tin, v, mm, tout = views
-            u = filter_u(d)
+            u = None if d.get("tiles") else filter_u(d)
             # AVX-512: the transforms of kernels_fma_winograd on V and M with skewed rows (VM_SKEW);
             # else kernels_winograd's, which want them contiguous
             fast = d["fma"] and act in (0, 1)
@@ -186,6 +214,8 @@ class ConvWinograd(Route):
                 calls.append(partial(kfma.gemm, mm, u, v, kfma.row_offsets(c, cols), 16, o, cols,
                                      v.strides[0] // 4, o * c + U_SKEW, c, mm.strides[0] // 4, cols,
                                      _EMPTY_F32, 0))
+            elif d["tiles"]:
+                calls += _tile_gemms(ctx, step, d, mm, v)
             else:
                 calls.append(partial(np.matmul, u[:, :o * c].reshape(16, o, c), v, out=mm))
             if res is not None:  # (the residual add's output, written here: see residual_convs)
@@ -198,3 +228,14 @@ class ConvWinograd(Route):
                                  pool[start:start + m], mm, tout, th, tw, d["b"], act, alpha,
                                  pool is not None))
         return calls
+
+
+def _tile_gemms(ctx, step, d: dict, mm: np.ndarray, v: np.ndarray) -> list:
+    """mm[i] (O, cols) = U[i] @ v[i] (C, cols) for the 16 i in one kernels_tile.gemm_act_each
+    (no bias, no activation: the output transform adds them)."""
+    o, c, cols = d["o"], d["c"], v.shape[2]
+    tasks = 16 * -(-cols // kt.PB) * -(-o // kt.ROWS)
+    parts = min(d["parts"], tasks) if ctx.parallel(16 * o * c * cols) else 1
+    scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats(c)), d["tiles_at"])
+    zeros = prepared(d, "b_zeros", lambda: np.zeros(o, np.float32))
+    return [partial(kt.gemm_act_each, mm, filter_u_tiles(d), v, zeros, scratch, 0, 0.0)]
