@@ -32,6 +32,7 @@ SHAPES = {
     "packed": (1, 8 * kt.ROWS + 3, 17, 3 * 16 + 13),  # PACK_GROUPS groups: the panel
     "k-blocks": (1, 7, 2 * BK + 37, 45),  # three blocks along K, sums carried
     "k-blocks-packed": (2, 9 * kt.ROWS, BK + 1, PB + 3),
+    "k-long": (1, 13, 1000, 45),  # gemm_q's whole K up to EXACT_K (x86's narrow maps)
 }
 ACTS = {"none": 0.0, "relu": 0.0, "clip": 6.0, "silu": 0.0, "hardswish": 0.0, "leaky_relu": 0.1}
 

@@ -155,12 +155,27 @@ def _q_limits(geo, dtype) -> str | None:
         return "int8 only"
     if not kt.AVAILABLE:
         return "needs Numba's JIT (POCKET_FP32_TILE=0 opts out)"
-    if geo.k > TILE_Q_MAX_K:
-        return f"needs at most {TILE_Q_MAX_K} rows along K (the panel holds them all)"
+    most = tile_q_max_k(geo)
+    if geo.k > most:
+        return f"needs at most {most} rows along K (the panel holds them all)"
     return None
 
 
 TILE_Q_MAX_K = min(ki.EXACT_K, 512)
+# ... and on x86 up to EXACT_K over maps of at most TILE_Q_NARROW_P pixels: the float32 BLAS of
+# conv_int8_blas ran EfficientNet-B0's 672 -> 112 projects at 14x14 at 6 GMAC/s on a 2-core
+# Zen 1 (numpy's OpenBLAS, narrow N). Interleaved, one thread / two: EfficientNet-B0 int8
+# 0.93-0.95x / 0.95-0.96x, SqueezeNet int8 (its 64 -> 256 3x3 fires at 13x13, K = 576)
+# 0.85x / 0.88x, MobileNetV3-small 0.99-1.0x / 0.96-0.98x; over ResNet-18's 56x56 maps (K =
+# 576) the tiles were 1.005-1.01x slower, so wide maps keep BLAS. ARM keeps 512 (not measured)
+TILE_Q_NARROW_P = 784
+
+
+def tile_q_max_k(geo) -> int:
+    """The most rows along K the int8 tile routes take for this conv (see TILE_Q_NARROW_P)."""
+    if not kt.W_VECTORS and geo.ho * geo.wo <= TILE_Q_NARROW_P:
+        return ki.EXACT_K
+    return TILE_Q_MAX_K
 
 
 def _q_prep(ctx, node, d: dict) -> dict:
