@@ -465,7 +465,8 @@ def scratch_floats_q(k: int) -> int:
 def gemm_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch):
     """out (N, O, P) int8 or float32 = kernels_pw.pw_conv_q's epilogue of the exact sums of
     w @ x[i] (K, P) int8 codes (or their float32 values: im2col columns), w the (O, K) codes as
-    float32 laid by pack_weights, K <= kernels_int8.EXACT_K; scratch (parts,
+    float32 laid by pack_weights, K <= kernels_int8.EXACT_K or weights whose 128 x sum |w_q| per
+    channel stays within 2**24 (routes.base.ConvGeometry.w_l1); scratch (parts,
     scratch_floats_q(K)) float32."""
     parts = scratch.shape[0]
     nb, ng, _ = _tasks(x, out.shape[1])

@@ -347,3 +347,30 @@ def test_stem_conv_writes_its_rows(tmp_path, hw, act, direct):
         if n == 1:
             assert (not any(nm.startswith("bias_act_pitch") for nm in names)) == direct, names
         matches_reference(path, x, got, False)
+
+
+@pytest.mark.parametrize("small_l1", [True, False])
+def test_int8_long_k_on_the_tiles_only_where_the_weights_keep_sums_exact(small_l1):
+    """An int8 1x1 conv with K = 1152 (past kernels_int8.EXACT_K) on a 7x7 map: x86's portable
+    path runs it on kernels_tile's float32 sums only when 128 x each channel's sum of |w_q|
+    stays within 2**24 (every partial sum exact); the codes at their extremes (x_q = -128,
+    w_q = +-127) would pass it and keep BLAS. Either way the output is the reference's, bit
+    for bit."""
+    from pocket.infer import kernels_fma, kernels_tile
+
+    if kernels_fma.AVAILABLE or kernels_tile.W_VECTORS or not kernels_tile.AVAILABLE:
+        pytest.skip("x86's portable path only")
+    c, o, hw = 1152, 8, 7
+    w_q = (RNG.integers(-20, 21, (o, c, 1, 1)) if small_l1 else
+           RNG.choice([-127, 127], (o, c, 1, 1))).astype(np.int8)
+    assert (128 * np.abs(w_q.astype(np.int64)).reshape(o, -1).sum(1).max() <= 2**24) == small_l1
+    w_s = np.full(o, 0.01, np.float32)
+    x = RNG.integers(-128, 128, (2, c, hw, hw)).astype(np.int8)
+    x[0] = -128  # the largest sums the weights allow
+    node = Node("conv", "conv2d", ["x", "w"], ["y"],
+                {"x_scale": 0.05, "x_zero_point": 3, "y_scale": 40.0, "y_zero_point": 0})
+    quant = {"w": {"scale": w_s.tolist(), "zero_point": [0] * o, "axis": 0}}
+    got, want, table = _run(x, [node], {"w": w_q}, quant, max_batch=2)
+    assert (table[0]["route"] == "conv_tile_q") == small_l1, table
+    for g in got:
+        np.testing.assert_array_equal(g, want)

@@ -41,14 +41,21 @@ class ConvGeometry:
     dh: int
     dw: int
     groups: int
+    # int8 weights: the largest sum of |w_q| over one output channel (0 for float weights).
+    # Every partial sum of x_q * w_q is then at most 128 times it, whatever K: within 2**24,
+    # a float32 GEMM over the codes is exact (conv_tile.tile_q_max_k)
+    w_l1: int = 0
 
     @staticmethod
     def of(ctx: PlanContext, node: Node) -> ConvGeometry:
         a = node.attrs
         c, h, w = ctx.sample[node.inputs[0]]
-        o, _, kh, kw = ctx.params[node.inputs[1]].shape
+        wt = ctx.params[node.inputs[1]]
+        o, _, kh, kw = wt.shape
         (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
-        return ConvGeometry(c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, a["groups"])
+        w_l1 = (int(np.abs(wt.reshape(o, -1).astype(np.int32)).sum(axis=1).max(initial=0))
+                if wt.dtype == np.int8 else 0)
+        return ConvGeometry(c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, a["groups"], w_l1)
 
     @property
     def ho(self) -> int:

@@ -169,13 +169,17 @@ TILE_Q_MAX_K = min(ki.EXACT_K, 512)
 # 0.85x / 0.88x, MobileNetV3-small 0.99-1.0x / 0.96-0.98x; over ResNet-18's 56x56 maps (K =
 # 576) the tiles were 1.005-1.01x slower, so wide maps keep BLAS. ARM keeps 512 (not measured)
 TILE_Q_NARROW_P = 784
+# ... and past EXACT_K (up to TILE_Q_LONG_K) where the weights keep every partial sum within
+# 2**24 (ConvGeometry.w_l1): EfficientNet-B0's 1152 -> 192 / 320 projects at 7x7, which the
+# float32 BLAS split in K blocks of 1024 + 128 (1.6-2.8 ms each at 1T)
+TILE_Q_LONG_K = 4608
 
 
 def tile_q_max_k(geo) -> int:
     """The most rows along K the int8 tile routes take for this conv (see TILE_Q_NARROW_P)."""
-    if not kt.W_VECTORS and geo.ho * geo.wo <= TILE_Q_NARROW_P:
-        return ki.EXACT_K
-    return TILE_Q_MAX_K
+    if kt.W_VECTORS or geo.ho * geo.wo > TILE_Q_NARROW_P:
+        return TILE_Q_MAX_K
+    return TILE_Q_LONG_K if 128 * geo.w_l1 <= 2**24 else ki.EXACT_K
 
 
 def _q_prep(ctx, node, d: dict) -> dict:
