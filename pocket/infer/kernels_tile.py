@@ -31,7 +31,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from pocket.infer.jit import kernel
 from pocket.infer.kernels_fp32 import act_inplace
@@ -258,19 +258,32 @@ def scratch_floats(k: int) -> int:
     return min(k, BLOCK_K) * (PB + VL) + ROWS * VL
 
 
+def _weights(w, img):
+    """Image img's weights: w itself (2-D, every image's), or w[img] (3-D: one each)."""
+
+
+@overload(_weights, inline="always")
+def _weights_impl(w, img):
+    if w.ndim == 3:
+        return lambda w, img: w[img]
+    return lambda w, img: w
+
+
 @kernel
 def gemm_act(c, w, x, b, scratch, act, alpha):
     """c (N, O, P) = act(w @ x[i] (K, P) + b (O,)) for each image i, w the (O, K) weights as
-    pack_weights lays them; b holds O floats (zeros without a bias); scratch (parts,
-    scratch_floats(K)) float32, one row a part. Parallel over (image, pixel block, channel
-    group) tasks in `parts` contiguous runs."""
+    pack_weights lays them, or (N, groups, K * ROWS) such layouts stacked, image i's own
+    weights (Winograd's 16 GEMMs in one call: its tasks spread over the threads, where 16
+    calls would wait for them 16 times); b holds O floats (zeros without a bias); scratch
+    (parts, scratch_floats(K)) float32, one row a part. Parallel over (image, pixel block,
+    channel group) tasks in `parts` contiguous runs."""
     parts = scratch.shape[0]
     nb, ng, _ = _tasks(x, c.shape[1])
     for part in prange(parts):
         t0, t1 = _span(part, parts, x, nb, ng), _span(part + 1, parts, x, nb, ng)
         while t0 < t1:  # one (image, block) and its channel groups in this part at a time
             img, p0, g0, g1 = _run(t0, t1, nb, ng)
-            _block(c, w, x, b, scratch[part], act, alpha, img, p0, g0, g1)
+            _block(c, _weights(w, img), x, b, scratch[part], act, alpha, img, p0, g0, g1)
             t0 += g1 - g0
     if clamp_of(act, alpha)[2]:
         # NOTE: SiLU, hardswish, ...: one pass over the whole output after the tiles, not one a
@@ -278,26 +291,6 @@ def gemm_act(c, w, x, b, scratch, act, alpha):
         # (1.5 ns an output against 0.8-0.9 over long runs; MobileNetV3-Small fp32 0.90x,
         # EfficientNet-B0 0.98x); the output is re-read from L2/L3, which the activation's
         # arithmetic hides
-        cf, size = c.reshape(-1), c.size
-        for part in prange(parts):
-            lo, hi = part * size // parts, (part + 1) * size // parts
-            act_inplace(cf, lo, hi - lo, np.float32(0.0), act, alpha)
-
-
-@kernel
-def gemm_act_each(c, w, x, b, scratch, act, alpha):
-    """gemm_act with each image's own weights: c[i] = act(w[i] @ x[i] + b), w (N, groups,
-    K * ROWS) pack_weights' layouts stacked (Winograd's 16 GEMMs in one call: its tasks spread
-    over the threads, where 16 calls would wait for them 16 times)."""
-    parts = scratch.shape[0]
-    nb, ng, _ = _tasks(x, c.shape[1])
-    for part in prange(parts):
-        t0, t1 = _span(part, parts, x, nb, ng), _span(part + 1, parts, x, nb, ng)
-        while t0 < t1:
-            img, p0, g0, g1 = _run(t0, t1, nb, ng)
-            _block(c, w[img], x, b, scratch[part], act, alpha, img, p0, g0, g1)
-            t0 += g1 - g0
-    if clamp_of(act, alpha)[2]:
         cf, size = c.reshape(-1), c.size
         for part in prange(parts):
             lo, hi = part * size // parts, (part + 1) * size // parts

@@ -119,8 +119,8 @@ def test_gemm_act_same_bytes_for_any_split(name):
 
 
 @pytest.mark.parametrize("name", ["rows-left", "left-7", "one-pixel", "packed", "k-blocks-packed"])
-def test_gemm_act_each_uses_each_images_weights(name):
-    """gemm_act_each (Winograd's 16 GEMMs): image i against its own weights w[i], by float64
+def test_gemm_act_with_each_images_weights(name):
+    """gemm_act with 3-D weights (Winograd's 16 GEMMs): image i against its own weights w[i], by float64
     einsum; any number of parts writes the serial twin's bytes."""
     x, w, b = _case(name)
     n, k, p = x.shape
@@ -128,14 +128,14 @@ def test_gemm_act_each_uses_each_images_weights(name):
     ws = RNG.standard_normal((n, o, k)).astype(np.float32)
     packed = np.stack([kt.pack_weights(wi) for wi in ws])
     one = np.full((n, o, p), np.nan, np.float32)
-    kt.gemm_act_each.serial(one, packed, x, b, _scratch(1, k), kf.ACT["relu"], 0.0)
+    kt.gemm_act.serial(one, packed, x, b, _scratch(1, k), kf.ACT["relu"], 0.0)
     w64, x64 = ws.astype(np.float64), x.astype(np.float64)
     pre = np.einsum("nok,nkp->nop", w64, x64) + b.reshape(1, o, 1)
     bound = 1e-5 * (np.einsum("nok,nkp->nop", np.abs(w64), np.abs(x64)) + np.abs(b).reshape(1, o, 1))
     assert np.all(np.abs(one - np.maximum(pre, 0)) <= 1.2 * bound + 1e-6)
     for parts in (2, 5):
         got = np.full_like(one, np.nan)
-        kt.gemm_act_each(got, packed, x, b, _scratch(parts, k), kf.ACT["relu"], 0.0)
+        kt.gemm_act(got, packed, x, b, _scratch(parts, k), kf.ACT["relu"], 0.0)
         np.testing.assert_array_equal(got, one, err_msg=f"{name}, {parts} parts")
 
 

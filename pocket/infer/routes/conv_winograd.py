@@ -231,11 +231,11 @@ class ConvWinograd(Route):
 
 
 def _tile_gemms(ctx, step, d: dict, mm: np.ndarray, v: np.ndarray) -> list:
-    """mm[i] (O, cols) = U[i] @ v[i] (C, cols) for the 16 i in one kernels_tile.gemm_act_each
-    (no bias, no activation: the output transform adds them)."""
+    """mm[i] (O, cols) = U[i] @ v[i] (C, cols) for the 16 i in one kernels_tile.gemm_act
+    (each its own weights; no bias, no activation: the output transform adds them)."""
     o, c, cols = d["o"], d["c"], v.shape[2]
     tasks = 16 * -(-cols // kt.PB) * -(-o // kt.ROWS)
     parts = min(d["parts"], tasks) if ctx.parallel(16 * o * c * cols) else 1
     scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats(c)), d["tiles_at"])
     zeros = prepared(d, "b_zeros", lambda: np.zeros(o, np.float32))
-    return [partial(kt.gemm_act_each, mm, filter_u_tiles(d), v, zeros, scratch, 0, 0.0)]
+    return [partial(kt.gemm_act, mm, filter_u_tiles(d), v, zeros, scratch, 0, 0.0)]
