@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from pocket.formats.ir import Node
+from pocket.infer.kernels_int8 import EXACT_K
 from pocket.infer.lowering_common import _EMPTY_F32
 
 if TYPE_CHECKING:
@@ -41,9 +42,10 @@ class ConvGeometry:
     dh: int
     dw: int
     groups: int
-    # int8 weights: the largest sum of |w_q| over one output channel (0 for float weights).
-    # Every partial sum of x_q * w_q is then at most 128 times it, whatever K: within 2**24,
-    # a float32 GEMM over the codes is exact (conv_tile.tile_q_max_k)
+    # int8 weights past kernels_int8.EXACT_K rows along K: the largest sum of |w_q| over one
+    # output channel (0 otherwise: float weights, or K short enough to be exact anyway).
+    # Every partial sum of x_q * w_q is at most 128 times it, whatever K: within 2**24, a
+    # float32 GEMM over the codes is exact (conv_tile.tile_q_max_k)
     w_l1: int = 0
 
     @staticmethod
@@ -54,7 +56,7 @@ class ConvGeometry:
         o, _, kh, kw = wt.shape
         (sh, sw), (ph, pw), (dh, dw) = a["stride"], a["padding"], a["dilation"]
         w_l1 = (int(np.abs(wt.reshape(o, -1).astype(np.int32)).sum(axis=1).max(initial=0))
-                if wt.dtype == np.int8 else 0)
+                if wt.dtype == np.int8 and wt[0].size > EXACT_K else 0)
         return ConvGeometry(c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, a["groups"], w_l1)
 
     @property
