@@ -48,10 +48,10 @@ WINOGRAD_MIN_TILES = 48
 # rows fall in one L1 set, and the filter transform, which writes all 16 per filter, ran 10x
 # slower
 U_SKEW = 16
-# On x86's portable path the 16 GEMMs run on kernels_tile (one gemm_act each, U packed at
-# load): numpy's OpenBLAS ran ResNet-18's (64 x 64 @ 784, 128 x 128 @ 196, 256 x 256 @ 49) at
-# ~10 GMAC/s on a 2-core Zen 1 (Haswell kernels), the tiles at 12-16. ARM keeps BLAS (its
-# instruction counts were not measured with the tiles)
+# On x86's portable path the 16 GEMMs run on kernels_tile (one gemm_act call with 3-D
+# weights, U packed at load): numpy's OpenBLAS ran ResNet-18's (64 x 64 @ 784, 128 x 128 @
+# 196, 256 x 256 @ 49) at ~10 GMAC/s on a 2-core Zen 1 (Haswell kernels), the tiles at 12-16.
+# ARM keeps BLAS (its instruction counts were not measured with the tiles)
 TILE_GEMMS = True
 # where a batch with few tiles runs: the first of these the table would take
 PITCH_ROUTES = ("conv_fma_pitch", "conv_fma_cols", "conv_gemm_pitch", "conv_tile_cols")
