@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit, prange
 
 from pocket.formats import ops
+from pocket.infer import kernels_actvec as kav
 from pocket.infer.jit import kernel
 
 # the scalar math lives in kernels_math; importable from here as before (kernels_ssm, the tests)
@@ -81,6 +82,17 @@ def _act_loops(dst, d0, src, s0, n, bo, act, alpha):
         for i in range(n):
             v = relu(src[s + np.uint64(i)] + bo)
             dst[d + np.uint64(i)] = hi if v > hi else v
+    elif kav.AVAILABLE and (act == 3 or act == 7 or act == 8 or act == 10):
+        # the costly ones as interleaved vector chains (kernels_actvec)
+        da, sa = dst.ctypes.data + d0 * 4, src.ctypes.data + s0 * 4
+        if act == 10:
+            kav.run_silu(da, sa, n, bo)
+        elif act == 7:
+            kav.run_hardswish(da, sa, n, bo)
+        elif act == 8:
+            kav.run_hardsigmoid(da, sa, n, bo)
+        else:
+            kav.run_sigmoid(da, sa, n, bo)
     elif act == 3:
         for i in range(n):
             v = src[s + np.uint64(i)] + bo

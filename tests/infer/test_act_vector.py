@@ -119,3 +119,34 @@ def test_div6_equals_division():
     want = p / 6.0
     assert np.array_equal(out, want, equal_nan=True)
     assert np.array_equal(np.signbit(out), np.signbit(want))
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "hardswish", "hardsigmoid"])
+def test_vector_runs_any_start_and_length(name):
+    """kernels_actvec's runs (whole steps, then the tail through a block on the stack): an
+    element's bytes do not depend on where its run starts or ends, in place or not, the bias
+    added first; past a run nothing is written."""
+    from pocket.infer import kernels_actvec as kav
+
+    if not kav.AVAILABLE:
+        pytest.skip("kernels_actvec needs Numba's JIT")
+    act, bo = kf.ACT[name], np.float32(0.375)
+    src = np.concatenate([RNG.standard_normal(157).astype(np.float32) * 6, SPECIAL])
+    whole = np.empty_like(src)
+    kf.act_run(whole, 0, src, 0, src.shape[0], bo, act, 0.0)
+    exact = _formula(name, src.astype(np.float64) + np.float64(bo))
+    ok = np.isfinite(exact) & (np.abs(exact) > 1e-36)
+    ulp = np.spacing(np.abs(exact[ok]).astype(np.float32)).astype(np.float64)
+    assert np.all(np.abs(whole[ok] - exact[ok]) <= 4 * ulp)
+    assert np.array_equal(np.isnan(whole), np.isnan(exact))
+    for start, n in [(0, 1), (3, 31), (5, kav.STEP), (1, kav.STEP + 1), (7, 2 * kav.STEP + 13),
+                     (0, src.shape[0]), (40, src.shape[0] - 40)]:
+        out = np.full(src.shape[0] + 8, 7.0, np.float32)
+        kf.act_run(out, 4, src, start, n, bo, act, 0.0)
+        np.testing.assert_array_equal(out[4:4 + n], whole[start:start + n])
+        assert np.all(out[:4] == 7.0) and np.all(out[4 + n:] == 7.0)
+        inplace = src.copy()
+        kf.act_inplace(inplace, start, n, bo, act, 0.0)
+        np.testing.assert_array_equal(inplace[start:start + n], whole[start:start + n])
+        np.testing.assert_array_equal(np.delete(inplace, np.s_[start:start + n]),
+                                      np.delete(src, np.s_[start:start + n]))
