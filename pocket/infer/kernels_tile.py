@@ -175,6 +175,99 @@ def _make_tile(nv: int, nr: int = ROWS):
 _tile, _tile8 = _make_tile(VECS), _make_tile(1)  # 16 pixels; 8 (a GEMM's last ones)
 
 
+GROUPS_COLS = 8  # channel groups a call of _cols (8 accumulators; AVX2 has 16 registers)
+# the last 1-7 pixels of a block through _cols (x86's weight layout; ARM's quads keep tile8)
+COLS_TAIL = not W_VECTORS
+
+
+def _make_cols():
+    """c[g, r, j] = lo <= (b[g, r] + sum over k < nk of w[g, k, r] * x[k, j]) <= hi for the
+    last 1-7 pixels j < left of a block (the panel's VL-wide rows at x) and channel groups
+    g < ng (<= GROUPS_COLS) of ROWS rows each, the last group's `rows` valid: each group's ROWS
+    weights of a step as one vector, the pixel's input broadcast into it. Addresses in
+    bytes: group g's weights at w + g * gstride (x86's pack_weights layout: a step's ROWS
+    weights together), its row r of outputs at c + (g * ROWS + r) * ldc, its bias at
+    b + g * ROWS * 4. acc and fin as _make_tile's (bit 0 of fin only).
+
+    Why: tile8 for the last pixels of a block spends a whole vector of 8 pixels' multiply-adds
+    per row and step on 1-7 of them, and waits on their chains: on 7 x 7 maps (49 pixels: 3
+    tiles and one pixel) that one pixel cost a quarter of the GEMM (192 x 1152 @ 48: 598 us, @ 49:
+    753). Here a step is one multiply-add per group for GROUPS_COLS groups.
+
+    Exactness: each output is the same chain as a tile's (its start, then one multiply-add per
+    step in K's order, then the bias and the clamp), so the same bits."""
+    vr = ir.VectorType(_F32, ROWS)
+
+    def codegen(context, builder, signature, args):
+        w, gstride, ng, x, nk, left, c, ldc, acc, rows, b, fin, lo, hi = args
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vr, [vr] * 3),
+                                             f"llvm.fmuladd.v{ROWS}f32")
+        last_g = builder.sub(ng, _const(1))
+        gs = [builder.select(builder.icmp_signed("<", _const(g), ng), _const(g), last_g)
+              for g in range(GROUPS_COLS)]
+        start = builder.icmp_signed("!=", acc, _const(0))
+        done = builder.icmp_signed("!=", builder.and_(fin, _const(1)), _const(0))
+        rows_g = [builder.select(builder.icmp_signed("<", _const(g), last_g), _const(ROWS), rows)
+                  for g in range(GROUPS_COLS)]
+
+        def out_at(g, r, j):
+            # (rows past the valid ones repeat the last valid one, as _row: read, never stored)
+            rr = builder.select(builder.icmp_signed("<", _const(r), rows_g[g]), _const(r),
+                                builder.sub(rows_g[g], _const(1)))
+            row = builder.add(builder.mul(gs[g], _const(ROWS)), rr)
+            return builder.add(builder.add(c, builder.mul(row, ldc)), builder.mul(j, _const(4)))
+
+        def pixel(j, carried):
+            init = []
+            for g in range(GROUPS_COLS):
+                v = ir.Constant(vr, None)
+                for r in range(ROWS):
+                    old = builder.load(_ptr(builder, out_at(g, r, j), _F32), align=4)
+                    v = builder.insert_element(v, builder.select(start, old, ir.Constant(_F32, 0.0)),
+                                               ir.Constant(_I32, r))
+                init.append(v)
+
+            def step(k, accs):
+                xv = builder.load(_ptr(builder, builder.add(x, builder.mul(
+                    builder.add(builder.mul(k, _const(VL)), j), _const(4))), _F32), align=4)
+                xb = _vsplat(builder, xv, vr)
+                out = []
+                for g in range(GROUPS_COLS):
+                    wa = builder.add(builder.add(w, builder.mul(gs[g], gstride)),
+                                     builder.mul(k, _const(4 * ROWS)))
+                    wv = builder.load(_ptr(builder, wa, vr), align=4)
+                    out.append(builder.call(fma, [wv, xb, accs[g]]))
+                return out
+
+            final = _loop(builder, nk, init, step)
+            for g in range(GROUPS_COLS):
+                for r in range(ROWS):
+                    keep = builder.and_(builder.icmp_signed("<", _const(g), ng),
+                                        builder.icmp_signed("<", _const(r), rows_g[g]))
+                    with builder.if_then(keep):
+                        val = builder.extract_element(final[g], ir.Constant(_I32, r))
+                        ba = builder.add(b, builder.mul(builder.add(
+                            builder.mul(gs[g], _const(ROWS)), _const(r)), _const(4)))
+                        t = builder.fadd(val, builder.load(_ptr(builder, ba, _F32), align=4))
+                        t = builder.select(builder.fcmp_ordered("<", t, lo), lo, t)
+                        t = builder.select(builder.fcmp_ordered(">", t, hi), hi, t)
+                        builder.store(builder.select(done, t, val),
+                                      _ptr(builder, out_at(g, r, j), _F32), align=4)
+            return []
+
+        _loop(builder, left, [], pixel)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def cols(typingctx, w, gstride, ng, x, nk, left, c, ldc, acc, rows, b, fin, lo, hi):
+        return types.void(*[types.intp] * 12, types.float32, types.float32), codegen
+
+    return cols
+
+
+_cols = _make_cols()
+
+
 @intrinsic
 def _copy_pix(typingctx, dst, src, like):
     """float32 dst[0:PIX] = src[0:PIX] (addresses; src of like's dtype: float32, or int8 codes
@@ -404,6 +497,8 @@ def _block(c, w, x, b, scratch, act, alpha, img, p0, g0, g1):
                         _tile8(wk, xk + q * 4, ld, nk, ci + q * 4, ld, first, rows, bb, fin,
                                flo, fhi)
                     continue
+                if COLS_TAIL:
+                    break  # (the last 1-7 pixels of every group: _cols, after the groups)
                 # NOTE: the last 1-7 pixels: the panel is zero past them, the outputs go
                 # through cs (the sums so far in, the results out)
                 left = m - q
@@ -415,6 +510,14 @@ def _block(c, w, x, b, scratch, act, alpha, img, p0, g0, g1):
                 for r in range(rows):
                     for j in range(left):
                         c[img, o0 + r, p0 + q + j] = cs[r * VL + j]
+        tq = m - m % VL
+        if COLS_TAIL and tq < m:
+            for gc in range(g0, g1, GROUPS_COLS):
+                ngc = min(GROUPS_COLS, g1 - gc)
+                o0 = gc * ROWS
+                _cols(wa + (k0 * w.shape[0] + gc * nk) * ROWS * 4, nk * ROWS * 4, ngc,
+                      sa + tq * nk * 4, nk, m - tq, ca + ((img * o + o0) * p + p0 + tq) * 4, ld,
+                      first, min(ROWS, o - (gc + ngc - 1) * ROWS), ba + o0 * 4, fin, flo, fhi)
 
 
 @njit(cache=True, inline="always")

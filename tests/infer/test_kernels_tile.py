@@ -238,3 +238,26 @@ def test_parts_follow_the_engines_choice(tmp_path, monkeypatch, spinning, int8):
     serial = calls[0].func.__name__.endswith("_serial")
     scratch = calls[0].args[-1] if int8 else calls[0].args[4]
     assert scratch.shape[0] == (1 if serial else 2)
+
+
+@pytest.mark.parametrize("k", [20, 2 * BK + 37])
+@pytest.mark.parametrize("act", ["relu", "clip", "silu"])
+def test_gemm_act_column_bytes_whatever_its_place(k, act):
+    """An output column's bytes do not depend on whether a 16-pixel tile, an 8-pixel one or the
+    last 1-7 pixels' kernel (x86: kernels_tile._cols, many channel groups a call) computes it:
+    each is the same chain along K. P = 49 (3 tiles and one pixel), 53 and 64 hold the same
+    first 49 columns; O = 9 groups and 3 rows (two _cols calls, the last group short)."""
+    o = 8 * kt.ROWS + 3
+    x = RNG.standard_normal((1, k, 64)).astype(np.float32)
+    w = RNG.standard_normal((o, k)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    outs = []
+    for p in (49, 53, 64):
+        out = np.full((1, o, p), np.nan, np.float32)
+        kt.gemm_act.serial(out, kt.pack_weights(w), np.ascontiguousarray(x[:, :, :p]), b,
+                           _scratch(1, k), kf.ACT[act], ACTS[act])
+        outs.append(out[:, :, :49])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    np.testing.assert_array_equal(outs[1], outs[2])
+    twin = w.astype(np.float64) @ x[0, :, :49].astype(np.float64) + b[:, None]
+    np.testing.assert_allclose(outs[2][0], _naive_act(twin, act, ACTS[act]), rtol=1e-4, atol=1e-4)
