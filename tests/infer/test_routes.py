@@ -354,8 +354,9 @@ def test_int8_long_k_on_the_tiles_only_where_the_weights_keep_sums_exact(small_l
     """An int8 1x1 conv with K = 1152 (past kernels_int8.EXACT_K) on a 7x7 map: x86's portable
     path runs it on kernels_tile's float32 sums only when 128 x each channel's sum of |w_q|
     stays within 2**24 (every partial sum exact); the codes at their extremes (x_q = -128,
-    w_q = +-127) would pass it and keep BLAS. Either way the output is the reference's, bit
-    for bit."""
+    w_q = +-127) would pass it and keep conv_int8_blas, whose pieces of EXACT_K rows (sums up to
+    1024 x 128 x 127, just within 2**24) run on kernels_tile.gemm_act there too. Either way the
+    output is the reference's, bit for bit."""
     from pocket.infer import kernels_fma, kernels_tile
 
     if kernels_fma.AVAILABLE or kernels_tile.W_VECTORS or not kernels_tile.AVAILABLE:
