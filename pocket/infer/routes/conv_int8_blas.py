@@ -18,6 +18,7 @@ from pocket.infer import kernels_tile as kt
 from pocket.infer.lowering_common import F32_ROUTE_ROWS, _aligned, _im2col
 from pocket.infer.routes.base import ROUTES, Route, prepared, register
 from pocket.infer.routes.conv_int8_im2row import int8_prep
+from pocket.infer.routes.conv_tile import tile_scratch, x86_portable
 
 # NOTE: a piece's sums are integers within 2**24 (K <= EXACT_K codes of at most 128 x 127), so
 # kernels_tile's float32 chains (blocks of K summed in float32, any order) give BLAS's values.
@@ -29,7 +30,7 @@ TILE_SUMS = True
 
 def tile_sums(cpu) -> bool:
     """Whether the pieces' sums run on kernels_tile.gemm_act: x86's portable path."""
-    return TILE_SUMS and kt.AVAILABLE and not kt.W_VECTORS and not cpu.fma
+    return TILE_SUMS and x86_portable(cpu)
 
 
 @register
@@ -93,10 +94,8 @@ def _epilogue(d, ys, yf, p, x_w, pool, pool_geom, start, m) -> partial:
 def _tile_sums(ctx, step, d: dict, col: np.ndarray, yf: np.ndarray, cols: int) -> list:
     """yf[c] = piece c of the weights (its K rows, packed for the tiles once) @ col's rows."""
     o, k = d["o"], d["k"]
-    tasks = -(-cols // kt.PB) * -(-o // kt.ROWS)
-    parts = min(d["parts"], tasks) if ctx.parallel(o * k * cols) else 1
-    scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats(min(k, ki.EXACT_K))),
-                          d["tile_at"])
+    scratch = tile_scratch(ctx, step, d, -(-cols // kt.PB) * -(-o // kt.ROWS), o * k * cols,
+                           min(k, ki.EXACT_K), d["tile_at"])
     zeros = prepared(d, "b_zeros", lambda: np.zeros(o, np.float32))
     calls = []
     for c in range(d["kc"]):

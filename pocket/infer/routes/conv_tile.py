@@ -42,11 +42,24 @@ COLS_MAX_K_X86 = 4608
 COLS_MAX_K = 128 if kt.W_VECTORS else COLS_MAX_K_X86
 
 
+def x86_portable(cpu) -> bool:
+    """x86 without AVX-512 with the tiles available: where kernels_tile takes GEMMs that run on
+    numpy's BLAS elsewhere (im2col convs past K = 128, Winograd's GEMMs, int8 sums); ARM
+    (W_VECTORS) keeps BLAS for them."""
+    return kt.AVAILABLE and not kt.W_VECTORS and not cpu.fma
+
+
+def tile_scratch(ctx, step, d: dict, tasks: int, work: int, k: int, at: int) -> np.ndarray:
+    """A gemm_act call's scratch: one panel of k rows a part, as many parts as threads share
+    its `tasks` (one where the call's `work` runs serially), at byte `at` of the step's."""
+    parts = min(d["parts"], tasks) if ctx.parallel(work) else 1
+    return ctx.scratch(step, np.float32, (parts, kt.scratch_floats(k)), at)
+
+
 def cols_take_pitch(geo, cpu) -> bool:
     """Whether conv_tile_cols runs a conv that conv_gemm_pitch (BLAS) would: x86's portable
     path (the constants above), a conv it takes."""
-    return (not kt.W_VECTORS and not cpu.fma and kt.AVAILABLE and geo.groups == 1
-            and geo.k <= COLS_MAX_K)
+    return x86_portable(cpu) and geo.groups == 1 and geo.k <= COLS_MAX_K
 
 
 def _limits(geo, dtype, cpu) -> str | None:
@@ -84,9 +97,8 @@ def _bias(d: dict) -> np.ndarray:
 def _gemm(ctx, step, d: dict, a: dict, y: np.ndarray, x: np.ndarray) -> list:
     """The calls y (m, O, P) = act(w2 @ x[i] (K, P) + b) for each of its m images."""
     m, o, k, p = y.shape[0], d["o"], d["k"], d["p"]
-    tasks = m * -(-p // kt.PB) * -(-o // kt.ROWS)
-    parts = min(d["parts"], tasks) if ctx.parallel(m * o * k * p) else 1
-    scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats(k)), d["scratch_at"])
+    scratch = tile_scratch(ctx, step, d, m * -(-p // kt.PB) * -(-o // kt.ROWS), m * o * k * p,
+                           k, d["scratch_at"])
     wt = prepared(d, "w_tiles", lambda: kt.pack_weights(d["w2"]))
     return [partial(kt.gemm_act, y.reshape(m, o, p), wt, x, _bias(d), scratch, _act_code(a),
                     _act_alpha(a))]

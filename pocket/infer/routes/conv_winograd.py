@@ -17,6 +17,7 @@ from pocket.infer import kernels_winograd as kwg
 from pocket.infer import lowering_common as lc
 from pocket.infer.lowering_common import _EMPTY_F32, _act_alpha, _act_code, _aligned, fused_residual
 from pocket.infer.routes.base import ROUTES, Route, conv_prep, prepared, register
+from pocket.infer.routes.conv_tile import tile_scratch, x86_portable
 
 # fp32 3x3 stride-1 convs with at least this many input channels run as Winograd F(2x2, 3x3)
 # (kernels_winograd): its 16 GEMMs do 2.25x fewer multiply-adds, which outweighs the
@@ -113,7 +114,7 @@ def filter_u_tiles(d: dict) -> np.ndarray:
 def gemms_on_tiles(cpu) -> bool:
     """Whether the 16 GEMMs run on kernels_tile rather than BLAS: x86's portable path (see
     TILE_GEMMS)."""
-    return TILE_GEMMS and not cpu.fma and kt.AVAILABLE and not kt.W_VECTORS
+    return TILE_GEMMS and x86_portable(cpu)
 
 
 def winograd_cols(d: dict, m: int) -> int:
@@ -234,8 +235,7 @@ def _tile_gemms(ctx, step, d: dict, mm: np.ndarray, v: np.ndarray) -> list:
     """mm[i] (O, cols) = U[i] @ v[i] (C, cols) for the 16 i in one kernels_tile.gemm_act
     (each its own weights; no bias, no activation: the output transform adds them)."""
     o, c, cols = d["o"], d["c"], v.shape[2]
-    tasks = 16 * -(-cols // kt.PB) * -(-o // kt.ROWS)
-    parts = min(d["parts"], tasks) if ctx.parallel(16 * o * c * cols) else 1
-    scratch = ctx.scratch(step, np.float32, (parts, kt.scratch_floats(c)), d["tiles_at"])
+    scratch = tile_scratch(ctx, step, d, 16 * -(-cols // kt.PB) * -(-o // kt.ROWS),
+                           16 * o * c * cols, c, d["tiles_at"])
     zeros = prepared(d, "b_zeros", lambda: np.zeros(o, np.float32))
     return [partial(kt.gemm_act, mm, filter_u_tiles(d), v, zeros, scratch, 0, 0.0)]
