@@ -79,14 +79,45 @@ def _row(builder, base, r: int, rows, stride):
     return builder.add(base, builder.mul(rr, stride))
 
 
-def _make_tile(nv: int, nr: int = ROWS):
+# fin's bits 2 and 3: hardswish / hardsigmoid applied in the epilogue (set with bit 0 only)
+HARD, HARD_SIGMOID = 4, 8
+
+
+def _hard(builder, t, sig, ty, fma):
+    """hardswish(t), or hardsigmoid(t) where sig, for t of type ty (a vector or a float): the
+    steps of kernels_actvec (kernels_math._relu6_32 and _div6_32), so the same bits as the
+    pass after the tiles that it replaces.
+
+    NOTE: that pass re-read and re-wrote every output at 0.5-0.65 ns an element (16 x 27 @
+    12544, MobileNetV3-small's stem: 113 us of 574), where these dozen operations a vector run
+    beside the tile's multiply-adds."""
+    def k(v):
+        return ir.Constant(ty, [v] * ty.count) if isinstance(ty, ir.VectorType) else ir.Constant(ty, v)
+
+    def pick(cmp, a, c, yes, no):
+        return builder.select(builder.fcmp_ordered(cmp, a, c), yes, no)
+
+    u = builder.fadd(t, k(3.0))
+    u = pick("<", u, k(0.0), k(0.0), u)
+    u = pick(">", u, k(6.0), k(6.0), u)
+    p = builder.select(sig, u, builder.fmul(t, u))
+    q = builder.fmul(p, k(1.0 / 6.0))
+    h = builder.call(fma, [builder.call(fma, [builder.fneg(q), k(6.0), p]), k(1.0 / 6.0), q])
+    # from 3 on hardswish is t itself (exact; inf stays inf)
+    return builder.select(sig, h, pick(">=", t, k(3.0), t, h))
+
+
+def _make_tile(nv: int, nr: int = ROWS, indexed: bool = False):
     """c[r, 0:VL nv] = lo <= (b[r] + sum over k < nk of w[r, k] * x[k, 0:VL nv]) <= hi for
     r < rows (1..nr); addresses in bytes: w (a K block of a channel group's pack_weights
     panel), x (rows ldx apart), c (rows ldc apart), b. With acc != 0 the sums start from c (a
     later block of K) and, with fin's bit 0 clear, the bias and clamp wait for the last
     block. lo/hi: -inf/inf (none), 0/inf (ReLU), 0/max (clip): NaN passes, as
     kernels_fp32.relu. fin's bit 1 (AHEAD): each step also prefetches the weights that follow
-    this block's (the next group's in pack_weights' blocked layout), in address order."""
+    this block's (the next group's in pack_weights' blocked layout), in address order. Bits
+    HARD / HARD_SIGMOID (with bit 0): hardswish / hardsigmoid after the bias (_hard).
+    indexed: step k's inputs at x + offs[k], ldx the address of offs (int64 byte offsets:
+    a stride-2 conv's taps over its input's phases, gemm_phase)."""
 
     def codegen(context, builder, signature, args):
         w, x, ldx, nk, c, ldc, acc, rows, b, fin, lo, hi = args
@@ -110,7 +141,11 @@ def _make_tile(nv: int, nr: int = ROWS):
 
         def madds(k, accs, weight):
             """accs + weight(r) * x's row k for each row r (weight: its vector splat)."""
-            xa = builder.add(x, builder.mul(k, ldx))
+            if indexed:
+                at = builder.add(ldx, builder.mul(k, _const(8)))
+                xa = builder.add(x, builder.load(_ptr(builder, at, ir.IntType(64)), align=8))
+            else:
+                xa = builder.add(x, builder.mul(k, ldx))
             xs = [load(builder.add(xa, _const(4 * VL * v))) for v in range(nv)]
             out = []
             for r in range(nr):
@@ -152,17 +187,26 @@ def _make_tile(nv: int, nr: int = ROWS):
             wt = builder.add(w, builder.mul(tail, _const(4 * ROWS)))
             final = _loop(builder, rest, final, lambda i, accs: step(tail, wt, i, accs))
         last = builder.icmp_signed("!=", builder.and_(fin, _const(1)), _const(0))
+        hard = builder.icmp_signed("!=", builder.and_(fin, _const(HARD)), _const(0))
+        sig = builder.icmp_signed("!=", builder.and_(fin, _const(HARD_SIGMOID)), _const(0))
         vlo, vhi = _splat(builder, lo), _splat(builder, hi)
         for r in range(nr):
             with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
                 bo = builder.load(_ptr(builder, builder.add(b, _const(4 * r)), _F32), align=4)
+                ts = []
                 for v in range(nv):
-                    val = final[r * nv + v]
-                    t = builder.fadd(val, _splat(builder, bo))
+                    t = builder.fadd(final[r * nv + v], _splat(builder, bo))
                     t = builder.select(builder.fcmp_ordered("<", t, vlo), vlo, t)
-                    t = builder.select(builder.fcmp_ordered(">", t, vhi), vhi, t)
-                    builder.store(builder.select(last, t, val), _ptr(builder, c_at[r][v], _VF),
-                                  align=4)
+                    ts.append(builder.select(builder.fcmp_ordered(">", t, vhi), vhi, t))
+                with builder.if_else(hard) as (then, other):
+                    with then:
+                        for v in range(nv):
+                            builder.store(_hard(builder, ts[v], sig, _VF, fma),
+                                          _ptr(builder, c_at[r][v], _VF), align=4)
+                    with other:
+                        for v in range(nv):
+                            builder.store(builder.select(last, ts[v], final[r * nv + v]),
+                                          _ptr(builder, c_at[r][v], _VF), align=4)
         return context.get_dummy_value()
 
     @intrinsic
@@ -173,6 +217,7 @@ def _make_tile(nv: int, nr: int = ROWS):
 
 
 _tile, _tile8 = _make_tile(VECS), _make_tile(1)  # 16 pixels; 8 (a GEMM's last ones)
+_tile_ix, _tile8_ix = _make_tile(VECS, indexed=True), _make_tile(1, indexed=True)
 
 
 GROUPS_COLS = 8  # channel groups a call of _cols (8 accumulators; AVX2 has 16 registers)
@@ -187,7 +232,7 @@ def _make_cols():
     weights of a step as one vector, the pixel's input broadcast into it. Addresses in
     bytes: group g's weights at w + g * gstride (x86's pack_weights layout: a step's ROWS
     weights together), its row r of outputs at c + (g * ROWS + r) * ldc, its bias at
-    b + g * ROWS * 4. acc and fin as _make_tile's (bit 0 of fin only).
+    b + g * ROWS * 4. acc and fin as _make_tile's (its bits 0, HARD and HARD_SIGMOID).
 
     Why: tile8 for the last pixels of a block spends a whole vector of 8 pixels' multiply-adds
     per row and step on 1-7 of them, and waits on their chains: on 7 x 7 maps (49 pixels: 3
@@ -207,6 +252,10 @@ def _make_cols():
               for g in range(GROUPS_COLS)]
         start = builder.icmp_signed("!=", acc, _const(0))
         done = builder.icmp_signed("!=", builder.and_(fin, _const(1)), _const(0))
+        hard = builder.icmp_signed("!=", builder.and_(fin, _const(HARD)), _const(0))
+        sig = builder.icmp_signed("!=", builder.and_(fin, _const(HARD_SIGMOID)), _const(0))
+        fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3),
+                                              "llvm.fmuladd.f32")
         rows_g = [builder.select(builder.icmp_signed("<", _const(g), last_g), _const(ROWS), rows)
                   for g in range(GROUPS_COLS)]
 
@@ -251,6 +300,7 @@ def _make_cols():
                         t = builder.fadd(val, builder.load(_ptr(builder, ba, _F32), align=4))
                         t = builder.select(builder.fcmp_ordered("<", t, lo), lo, t)
                         t = builder.select(builder.fcmp_ordered(">", t, hi), hi, t)
+                        t = builder.select(hard, _hard(builder, t, sig, _F32, fma1), t)
                         builder.store(builder.select(done, t, val),
                                       _ptr(builder, out_at(g, r, j), _F32), align=4)
             return []
@@ -334,15 +384,21 @@ def pack_weights(w: np.ndarray, blocked: bool = True) -> np.ndarray:
 
 @njit(cache=True)
 def clamp_of(act, alpha):
-    """(lo, hi, rest): the tile's clamp for activation code `act` (kernels_fp32.ACT), and
-    whether the driver applies the activation after the tiles (act_inplace) instead."""
+    """(lo, hi, rest, bits): the tile's clamp for activation code `act` (kernels_fp32.ACT),
+    whether the driver applies the activation after the tiles (act_inplace) instead, and the
+    bits of the tiles' last step (fin) that apply it in their epilogue (hardswish,
+    hardsigmoid)."""
     if act == 0:
-        return -np.inf, np.inf, False
+        return -np.inf, np.inf, False, 0
     if act == 1:
-        return 0.0, np.inf, False
+        return 0.0, np.inf, False, 0
     if act == 9:
-        return 0.0, float(np.float32(alpha)), False
-    return -np.inf, np.inf, True
+        return 0.0, float(np.float32(alpha)), False, 0
+    if act == 7:
+        return -np.inf, np.inf, False, HARD
+    if act == 8:
+        return -np.inf, np.inf, False, HARD | HARD_SIGMOID
+    return -np.inf, np.inf, True, 0
 
 
 def scratch_floats(k: int) -> int:
@@ -454,7 +510,7 @@ def _block(c, w, x, b, scratch, act, alpha, img, p0, g0, g1):
     m = p1 - p0
     full = m // PIX * PIX  # pixels in whole tiles
     packed = g1 - g0 >= PACK_GROUPS
-    lo, hi, _ = clamp_of(act, alpha)  # (any other activation: gemm_act's pass after)
+    lo, hi, _, hard = clamp_of(act, alpha)  # (any other activation: gemm_act's pass after)
     flo, fhi = np.float32(lo), np.float32(hi)
     wa, xa, ca, ba = (np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data),
                       np.int64(b.ctypes.data))
@@ -472,6 +528,8 @@ def _block(c, w, x, b, scratch, act, alpha, img, p0, g0, g1):
             _pack(scratch, x, img, k0, nk, p0, m, full, m - m % VL)
         xk = xa + ((img * k + k0) * p + p0) * 4
         fin, first = np.int64(k0 + nk == k), np.int64(k0 > 0)
+        if fin:
+            fin |= hard
         for g in range(g0, g1):
             o0 = g * ROWS
             rows = min(ROWS, o - o0)
@@ -539,6 +597,68 @@ def _pack(panel, x, img, k0, nk, p0, m, full, start):
             for j in range(VL):
                 panel[d + np.uint64(j)] = (x[img, k0 + kk, p0 + q + j] if q + j < m
                                            else np.float32(0.0))
+
+
+# --------------------------------------------------------------------------- phases
+#
+# A stride-2 conv read over its input's four phases (kernels_phase.split_phases): tap k of
+# output (oh, ow) is the phase plane's float at oh * Wq + ow + offs[k] / 4, so each output
+# row is a GEMM whose rows of K are constant shifts of one flat array (the indexed tiles),
+# with no im2col columns written and read again.
+
+
+def phase_slack(wq: int) -> int:
+    """Floats past the last phase plane that a row's last tile may read (its junk pixels)."""
+    return wq + PIX
+
+
+@kernel
+def gemm_phase(y, w, xq, wq, offs, b, cs, act, alpha):
+    """y (O, Ho, Wo) = act(conv of one image) with xq its phases (kernels_phase.split_phases:
+    planes of Hq x Wq, then phase_slack(Wq) zeros), offs the K
+    taps' byte offsets (kernels_phase.phase_offsets), w the (O, K) weights as pack_weights
+    lays them unblocked, b O floats; cs (parts, ROWS * VL) float32 (a row's last 1-7 pixels).
+    Parallel over output rows in `parts` runs. One chain along K per output, as gemm_act's."""
+    o, ho, wo = y.shape
+    k = offs.shape[0]
+    parts = cs.shape[0]
+    lo, hi, rest, hard = clamp_of(act, alpha)
+    flo, fhi = np.float32(lo), np.float32(hi)
+    fin = np.int64(1) | hard
+    ng = (o + ROWS - 1) // ROWS
+    full = wo // PIX * PIX
+    plane = ho * wo
+    wa, xa, ya, ba = (np.int64(w.ctypes.data), np.int64(xq.ctypes.data), np.int64(y.ctypes.data),
+                      np.int64(b.ctypes.data))
+    oa = np.int64(offs.ctypes.data)
+    for part in prange(parts):
+        ct = cs[part]
+        cta = np.int64(ct.ctypes.data)
+        for oh in range(part * ho // parts, (part + 1) * ho // parts):
+            xr = xa + oh * wq * 4
+            for g in range(ng):
+                o0 = g * ROWS
+                rows = min(ROWS, o - o0)
+                wk, bb = wa + g * k * ROWS * 4, ba + o0 * 4
+                yr = ya + (o0 * plane + oh * wo) * 4
+                for q in range(0, full, PIX):
+                    _tile_ix(wk, xr + q * 4, oa, k, yr + q * 4, plane * 4, 0, rows, bb,
+                             fin | AHEAD if q == 0 else fin, flo, fhi)
+                q = full
+                if q + VL <= wo:
+                    _tile8_ix(wk, xr + q * 4, oa, k, yr + q * 4, plane * 4, 0, rows, bb, fin,
+                              flo, fhi)
+                    q += VL
+                if q < wo:  # the last 1-7 pixels through ct (the tile reads junk past them)
+                    _tile8_ix(wk, xr + q * 4, oa, k, cta, VL * 4, 0, rows, bb, fin, flo, fhi)
+                    for r in range(rows):
+                        for j in range(wo - q):
+                            y[o0 + r, oh, q + j] = ct[r * VL + j]
+    if rest:
+        yf, size = y.reshape(-1), y.size
+        for part in prange(parts):
+            a0, a1 = part * size // parts, (part + 1) * size // parts
+            act_inplace(yf, a0, a1 - a0, np.float32(0.0), act, alpha)
 
 
 # --------------------------------------------------------------------------- int8

@@ -39,6 +39,8 @@ def _naive_act(y, act, alpha):
         return y / (1.0 + np.exp(-y))
     if act == "hardswish":
         return y * np.clip(y + 3.0, 0.0, 6.0) / 6.0
+    if act == "hardsigmoid":
+        return np.clip(y + 3.0, 0.0, 6.0) / 6.0
     if act == "leaky_relu":
         return np.where(y >= 0, y, alpha * y)
     return y

@@ -34,7 +34,8 @@ SHAPES = {
     "k-blocks-packed": (2, 9 * kt.ROWS, BK + 1, PB + 3),
     "k-long": (1, 13, 1000, 45),  # gemm_q's whole K up to EXACT_K (x86's narrow maps)
 }
-ACTS = {"none": 0.0, "relu": 0.0, "clip": 6.0, "silu": 0.0, "hardswish": 0.0, "leaky_relu": 0.1}
+ACTS = {"none": 0.0, "relu": 0.0, "clip": 6.0, "silu": 0.0, "hardswish": 0.0, "hardsigmoid": 0.0,
+        "leaky_relu": 0.1}
 
 
 def _scratch(parts, k):
@@ -160,7 +161,8 @@ def test_parts_split_the_pixels_evenly(n, p, o):
 
 def test_arm_form_matches_naive(tmp_path):
     """The tiles' ARM form (each row's weights 4 steps at a time as a vector, then the steps
-    left one at a time; pack_weights' quads) through the same checks (float32 and int8),
+    left one at a time; pack_weights' quads) through the same checks (float32, int8, and the
+    indexed tiles over a stride-2 conv's phases),
     compiled on this CPU in a worker with a Numba cache of its own."""
     import os
     import subprocess
@@ -169,7 +171,7 @@ def test_arm_form_matches_naive(tmp_path):
     env = {**os.environ, "POCKET_TILE_WVECTORS": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
                            "-k", "naive_and_reference and (relu or silu or none) or gemm_q_exact and "
-                                 "i8-relu"],
+                                 "i8-relu or gemm_phase and hardswish"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout
@@ -261,3 +263,84 @@ def test_gemm_act_column_bytes_whatever_its_place(k, act):
     np.testing.assert_array_equal(outs[1], outs[2])
     twin = w.astype(np.float64) @ x[0, :, :49].astype(np.float64) + b[:, None]
     np.testing.assert_allclose(outs[2][0], _naive_act(twin, act, ACTS[act]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["left-1", "left-7", "blocks", "packed", "k-blocks"])
+@pytest.mark.parametrize("act", ["hardswish", "hardsigmoid"])
+def test_epilogue_hard_activations_equal_the_pass(name, act):
+    """hardswish / hardsigmoid in the tiles' epilogue (16- and 8-pixel tiles, x86's _cols for
+    the last 1-7 pixels, K in blocks) give the bytes of the pass they replaced: the GEMM with
+    no activation, then kernels_fp32.act_inplace over its output. Inputs scaled so that the
+    sums cross -3 and 3, plus a NaN, an inf and a -inf column."""
+    x, w, b = _case(name)
+    x = 3.0 * x
+    x[:, 0, :3] = [np.nan, np.inf, -np.inf]
+    n, k, p = x.shape
+    wp = kt.pack_weights(w)
+    fused = np.full((n, w.shape[0], p), np.nan, np.float32)
+    kt.gemm_act.serial(fused, wp, x, b, _scratch(1, k), kf.ACT[act], 0.0)
+    plain = np.full_like(fused, np.nan)
+    kt.gemm_act.serial(plain, wp, x, b, _scratch(1, k), kf.ACT["none"], 0.0)
+    kf.act_inplace(plain.reshape(-1), 0, plain.size, np.float32(0.0), kf.ACT[act], 0.0)
+    np.testing.assert_array_equal(fused, plain)
+    assert np.isnan(fused).any() and (fused != 0).any()
+
+
+# --------------------------------------------------------------------------- phases
+
+# (C, O, H, W, kh, kw, ph, pw): Wo = 112 (whole tiles), 7 x 3 (an 8-pixel tile and 3 left over),
+# 1 (only a tail), odd sizes and paddings past the kernel's reach, K past BLOCK_K (7x7, 3 ch)
+PHASE_CASES = [(3, 16, 224, 224, 3, 3, 1, 1), (3, 7, 11, 13, 3, 3, 1, 1), (2, 13, 9, 20, 5, 5, 2, 2),
+               (1, 5, 7, 6, 2, 3, 0, 1), (4, 9, 17, 40, 4, 4, 3, 2), (3, 20, 5, 3, 3, 3, 1, 1),
+               (3, 8, 40, 46, 7, 7, 3, 3), (2, 6, 9, 61, 1, 1, 0, 0)]
+
+
+def _naive_phases(x, ph, pw, hq, wq):
+    """The four phases by NumPy: pad to 2 Hq x 2 Wq, then every other row and column."""
+    n, c, h, w = x.shape
+    padded = np.zeros((n, c, 2 * hq, 2 * wq), np.float32)
+    padded[:, :, ph:ph + h, pw:pw + w] = x
+    return np.stack([padded[:, :, a::2, b::2] for a in (0, 1) for b in (0, 1)], axis=2).reshape(-1)
+
+
+@pytest.mark.parametrize("case", PHASE_CASES)
+def test_split_phases_matches_numpy(case):
+    from pocket.infer import kernels_phase as kq
+
+    c, _, h, w, _, _, ph, pw = case
+    x = RNG.standard_normal((2, c, h, w)).astype(np.float32)
+    hq, wq = kq.phase_shape(h, w, ph, pw)
+    want = _naive_phases(x, ph, pw, hq, wq)
+    for fn in (kq.split_phases.serial, kq.split_phases):
+        xq = np.full(want.size + kt.phase_slack(wq), np.nan, np.float32)
+        fn(xq, x, ph, pw, hq, wq)
+        np.testing.assert_array_equal(xq[:want.size], want)
+        assert not xq[want.size:].any()  # the slack the last tiles read: zeros
+
+
+@pytest.mark.parametrize("case", PHASE_CASES)
+@pytest.mark.parametrize("act", ["none", "relu", "hardswish", "silu"])
+@pytest.mark.parametrize("parts", [1, 3])
+def test_gemm_phase_matches_reference(case, act, parts):
+    """kernels_tile.gemm_phase (one image's stride-2 conv over its phases) against
+    formats/reference.py's conv in float64, every output written (NaN-filled before)."""
+    from pocket.infer import kernels_phase as kq
+
+    c, o, h, w, kh, kw, ph, pw = case
+    x = RNG.standard_normal((1, c, h, w)).astype(np.float32)
+    wt = RNG.standard_normal((o, c, kh, kw)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    hq, wq = kq.phase_shape(h, w, ph, pw)
+    ho, wo = (h + 2 * ph - kh) // 2 + 1, (w + 2 * pw - kw) // 2 + 1
+    xq = np.full(c * 4 * hq * wq + kt.phase_slack(wq), np.nan, np.float32)
+    kq.split_phases.serial(xq, x, ph, pw, hq, wq)
+    y = np.full((o, ho, wo), np.nan, np.float32)
+    fn = kt.gemm_phase if parts > 1 else kt.gemm_phase.serial
+    fn(y, kt.pack_weights(wt.reshape(o, -1), blocked=False), xq, wq, kq.phase_offsets(c, kh, kw, hq, wq), b,
+       np.full((parts, kt.ROWS * kt.VL), np.nan, np.float32), kf.ACT[act], 0.0)
+    attrs = {"stride": [2, 2], "padding": [ph, pw], "dilation": [1, 1], "groups": 1, "activation": act}
+    x64, w64 = x.astype(np.float64), wt.astype(np.float64)
+    want = ref.conv2d(attrs, x64, w64, b.astype(np.float64))[0]
+    plain = dict(attrs, activation="none")
+    bound = 1e-5 * (ref.conv2d(plain, np.abs(x64), np.abs(w64), np.abs(b).astype(np.float64))[0])
+    assert np.all(np.abs(y - want) <= 1.2 * bound + 1e-6), (case, act)

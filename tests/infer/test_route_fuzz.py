@@ -78,7 +78,7 @@ def run_worker(dtype: str, examples: int, env: dict, *extra: str) -> dict:
 NATIVE_ROUTES = {"f32": set(), "i8": set()}
 PORTABLE_ROUTES = {
     "f32": {"conv_direct", "conv_pointwise", "conv_pw", "conv_im2col", "conv_gemm", "conv_gemm_pitch",
-            "conv_winograd", "linear_blas", "conv_tile", "conv_tile_cols", "conv_gemv"},
+            "conv_winograd", "linear_blas", "conv_tile", "conv_tile_cols", "conv_tile_phase", "conv_gemv"},
     "i8": {"conv_int8_blas", "conv_pw_int8", "conv_int8_im2row", "linear_int8", "conv_tile_q",
            "conv_tile_q_cols"}}
 NATIVE_ROUTES["f32"] = PORTABLE_ROUTES["f32"] | {"conv_fma_1x1", "conv_fma_pitch", "conv_fma_cols",

@@ -1,6 +1,7 @@
 """Convs (groups 1) on the portable path through kernels_tile's register-tiled GEMM, the
 bias and activation fused: `conv_tile` reads a 1x1 conv's NCHW input in place (stride 1, no
-padding), `conv_tile_cols` the im2col columns of any other conv, one image at a time; for int8
+padding), `conv_tile_cols` the im2col columns of any other conv, one image at a time,
+`conv_tile_phase` a stride-2 stem's input phases in place (x86); for int8
 `conv_tile_q` and `conv_tile_q_cols` likewise (kernels_tile.gemm_q: exact float32 sums of the
 codes, requantized as kernels_pw does), in place of conv_pw_int8 and conv_int8_blas.
 
@@ -15,6 +16,7 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_int8 as ki
+from pocket.infer import kernels_phase as kq
 from pocket.infer import kernels_tile as kt
 from pocket.infer.lowering_common import _act_alpha, _act_code, _aligned, _im2col, _int8_consts
 from pocket.infer.routes.base import Route, conv_prep, prepared, register
@@ -154,6 +156,64 @@ class ConvTileCols(Route):
     def bind(self, ctx, step, node, d, n, pool=None):
         return _cols_calls(ctx, step, node, d, n, np.float32(0),
                            lambda y, col: _gemm(ctx, step, d, node.attrs, y, col))
+
+
+# NOTE: the stems (3-channel images): MobileNetV3-small's 3x3/2 conv to 16 x 112 x 112 took
+# im2col 238 us and the GEMM over its 27 x 12544 columns 637 (hardswish after), onnxruntime
+# 557 for the whole conv. Its phases are 3 x 4 planes of 113 x 113 (split in 62 us), which
+# the tiles read in place. Past a few channels the taps' K streams outgrow L1 and the
+# panel of im2col columns wins; ARM keeps conv_tile_cols (its instruction counts not measured)
+PHASE_MAX_C = 4
+
+
+@register
+class ConvTilePhase(Route):
+    """fp32 stride-2 convs (groups 1, dilation 1) of few input channels: the input's four
+    phases (kernels_phase.split_phases), then kernels_tile.gemm_phase, one GEMM an output row
+    whose rows of K are the taps' shifts of the phases, the bias and activation fused."""
+
+    name, op = "conv_tile_phase", "conv2d"
+
+    def limits(self, geo, dtype, cpu):
+        if geo.groups != 1:
+            return "groups 1 only"
+        if (geo.sh, geo.sw) != (2, 2) or (geo.dh, geo.dw) != (1, 1):
+            return "needs stride 2 both ways and dilation 1"
+        return _limits(geo, dtype, cpu)
+
+    def declines(self, geo, dtype, cpu):
+        if not x86_portable(cpu):
+            return "x86's portable path only (ARM: conv_tile_cols)"
+        if geo.c > PHASE_MAX_C:
+            return f"more than {PHASE_MAX_C} input channels: im2col's panel reads K better"
+        if geo.kh == geo.kw == 1:
+            return "a 1x1 kernel reads one phase of four"
+        return None
+
+    def prepare(self, ctx, node):
+        d = conv_prep(ctx, node, self.name)
+        geo = d["geo"]
+        hq, wq = kq.phase_shape(geo.h, geo.w, geo.ph, geo.pw)
+        per = 4 * geo.c * hq * wq
+        d.update(hq=hq, wq=wq, per=per, offs=kq.phase_offsets(geo.c, geo.kh, geo.kw, hq, wq),
+                 w2=d["w"].reshape(d["o"], d["k"]), parts=max(1, ctx.threads))
+        d["phases_bytes"] = _aligned((per + kt.phase_slack(wq)) * 4)
+        d["scratch_bytes"] = d["phases_bytes"] + _aligned(d["parts"] * kt.ROWS * kt.VL * 4)
+        return d
+
+    def bind(self, ctx, step, node, d, n, pool=None):
+        x, y = ctx.view(node.inputs[0], n), ctx.view(node.outputs[0], n)
+        geo, a = d["geo"], node.attrs
+        xq = ctx.scratch(step, np.float32, (d["per"] + kt.phase_slack(d["wq"]),))
+        parts = min(d["parts"], geo.ho) if ctx.parallel(d["o"] * d["k"] * d["p"]) else 1
+        cs = ctx.scratch(step, np.float32, (parts, kt.ROWS * kt.VL), d["phases_bytes"])
+        wt = prepared(d, "w_phase", lambda: kt.pack_weights(d["w2"], blocked=False))
+        calls = []
+        for i in range(n):
+            calls += [partial(kq.split_phases, xq, x[i:i + 1], geo.ph, geo.pw, d["hq"], d["wq"]),
+                      partial(kt.gemm_phase, y[i], wt, xq, d["wq"], d["offs"], _bias(d), cs,
+                              _act_code(a), _act_alpha(a))]
+        return calls
 
 
 # --------------------------------------------------------------------------- int8
