@@ -570,7 +570,8 @@ def test_conv_maxpool_winograd(k, s, hw, monkeypatch, fp32_route):
 
 def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     """Winograd takes 3x3, stride 1, dilation 1, groups 1 and enough channels; nothing else."""
-    from pocket.infer.routes import conv_winograd, conv_winograd_fused
+    from pocket.infer import kernels_tile
+    from pocket.infer.routes import conv_tile, conv_winograd, conv_winograd_fused
 
     monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C", 4)
     monkeypatch.setattr(conv_winograd, "WINOGRAD_MIN_C_PORTABLE", 4)
@@ -578,8 +579,11 @@ def test_winograd_only_where_it_applies(monkeypatch, fp32_route):
     gemm = {"fma": "conv_fma_cols", "tile": "conv_tile_cols", "blas": "conv_gemm"}[fp32_route]
     pointwise = {"fma": "conv_fma_1x1", "tile": "conv_tile", "blas": "conv_pointwise"}[fp32_route]
     winograd = {"fma": "conv_winograd_fused", "tile": "conv_winograd", "blas": "conv_winograd"}[fp32_route]
+    # (x86's portable path: a stride-2 conv of few input channels over its phases)
+    phase = "conv_tile_phase" if CONV_CASES["5x5-stride2"][0] <= conv_tile.PHASE_MAX_C else gemm
+    strided = {"fma": "conv_fma_phase", "tile": phase if not kernels_tile.W_VECTORS else gemm}
     for name, want in (("3x3-pad", winograd), ("dilation", gemm), ("1x1", pointwise),
-                       ("5x5-stride2", "conv_fma_phase" if fp32_route == "fma" else gemm),
+                       ("5x5-stride2", strided.get(fp32_route, gemm)),
                        ("groups2", "conv_im2col")):
         c, h, w, o, kh, kw, s, p, d, g = CONV_CASES[name]
         x = RNG.standard_normal((2, max(c, 4) if name == "3x3-pad" else c, h, w)).astype(np.float32)

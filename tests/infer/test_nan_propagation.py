@@ -76,6 +76,8 @@ CASES = {
 _TILE = {"pointwise": "gemm_act", "strided": "gemm_act", "strided_pool": "gemm_act"}
 if not kernels_tile.W_VECTORS:  # x86: conv_tile_cols ahead of conv_gemm_pitch (conv_tile.py)
     _TILE.update(dict.fromkeys(("pitch", "one_image", "conv_pool", "conv_pool_3x3"), "gemm_act"))
+    # ... and 3-channel stride-2 convs over their input's phases (conv_tile_phase)
+    _TILE.update(dict.fromkeys(("strided", "strided_pool"), "gemm_phase"))
 for _name, _case in CASES.items():
     if "blas" in _case[3]:
         _case[3]["tile"] = _TILE.get(_name, _case[3]["blas"])
