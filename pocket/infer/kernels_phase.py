@@ -89,10 +89,7 @@ def pad_phases(xq, x, ph, pw, hq, wq):
         if 4 * plane <= SMALL_PHASES:
             xq[t * 4 * plane:(t + 1) * 4 * plane] = np.float32(0.0)
         else:
-            for a in range(2):
-                for b in range(2):
-                    _zero_border(xq, (t * 4 + a * 2 + b) * plane, hq, wq, (ph - a + 1) // 2,
-                                 (ph + h - 1 - a) // 2, (pw - b + 1) // 2, (pw + w - 1 - b) // 2)
+            _zero_borders(xq, t, h, w, ph, pw, hq, wq)
         for ih in range(h):
             r = ih + ph
             row = t * 4 * plane + (r & 1) * 2 * plane + (r >> 1) * wq
@@ -139,10 +136,7 @@ def split_phases(xq, x, ph, pw, hq, wq):
     ne, no = (w + 1) // 2, w // 2
     qa, xa = np.int64(xq.ctypes.data), np.int64(x.ctypes.data)
     for t in prange(n * c):
-        for a in range(2):
-            for b in range(2):
-                _zero_border(xq, (t * 4 + a * 2 + b) * plane, hq, wq, (ph - a + 1) // 2,
-                             (ph + h - 1 - a) // 2, (pw - b + 1) // 2, (pw + w - 1 - b) // 2)
+        _zero_borders(xq, t, h, w, ph, pw, hq, wq)
         for ih in range(h):
             r = ih + ph
             row = np.uint64(t * 4 * plane + (r & 1) * 2 * plane + (r >> 1) * wq)
@@ -158,6 +152,16 @@ def split_phases(xq, x, ph, pw, hq, wq):
                 xq[do + np.uint64(j)] = xf[src + np.uint64(2 * j + 1)]
     for e in range(n * c * 4 * plane, xq.shape[0]):
         xq[e] = np.float32(0.0)
+
+
+@njit(cache=True, inline="always")
+def _zero_borders(xq, t, h, w, ph, pw, hq, wq):
+    """_zero_border on each of plane t's four phases (an H x W plane padded by (ph, pw))."""
+    plane = hq * wq
+    for a in range(2):
+        for b in range(2):
+            _zero_border(xq, (t * 4 + a * 2 + b) * plane, hq, wq, (ph - a + 1) // 2,
+                         (ph + h - 1 - a) // 2, (pw - b + 1) // 2, (pw + w - 1 - b) // 2)
 
 
 @njit(cache=True, inline="always")
