@@ -337,43 +337,58 @@ FLOAT_SUMS = _X86
 SPLIT_LANES = 8  # column pairs a vector step of _split_pairs
 
 
-@intrinsic
-def _split_pairs(typingctx, even, odd, src, pairs, dst_like, src_like):
-    """even[m] = src[2m], odd[m] = src[2m + 1] for m < pairs (>= SPLIT_LANES; addresses in
-    bytes; int8 -> float32 converted): one load of 2 SPLIT_LANES elements and two shuffles a
-    step, the last step ending at the last pair (overlapping the one before: both write the
-    same values). LLVM's own vectorization of the pairs loop (two stride-2 loads) ran the
-    96 x 112 x 112 plane split of EfficientNet-B0 at 0.18 ns an element, twice a plain copy."""
-    dt, st = dst_like.dtype, src_like.dtype
-    lanes = SPLIT_LANES
+def _make_split(lanes: int):
+    """_split_pairs for `lanes` pairs a step."""
 
-    def codegen(context, builder, signature, args):
-        da, db, s, n = args[:4]
-        d_ir, s_ir = context.get_value_type(dt), context.get_value_type(st)
-        dsz, ssz = dt.bitwidth // 8, st.bitwidth // 8
-        wide, dv = ir.VectorType(s_ir, 2 * lanes), ir.VectorType(d_ir, lanes)
-        i32 = ir.IntType(32)
-        pick = [ir.Constant(ir.VectorType(i32, lanes), [2 * j + k for j in range(lanes)])
-                for k in (0, 1)]
-        last = builder.sub(n, _const(lanes))
+    def codegen_of(dt, st):
+        return lambda context, builder, signature, args: _split_code(
+            context, builder, args, dt, st, lanes)
 
-        def vec(i, carried):
-            m = builder.mul(i, _const(lanes))
-            m = builder.select(builder.icmp_signed("<", m, last), m, last)
-            v = builder.load(_ptr(builder, builder.add(s, builder.mul(m, _const(2 * ssz))), wide),
-                             align=1)
-            for dst, idx in ((da, pick[0]), (db, pick[1])):
-                part = builder.shuffle_vector(v, v, idx)
-                if st != dt:
-                    part = builder.sitofp(part, dv)
-                builder.store(part, _ptr(builder, builder.add(dst, builder.mul(m, _const(dsz))), dv),
-                              align=1)
-            return []
+    @intrinsic
+    def split(typingctx, even, odd, src, pairs, dst_like, src_like):
+        return (types.void(*[types.intp] * 4, dst_like, src_like),
+                codegen_of(dst_like.dtype, src_like.dtype))
 
-        _loop(builder, builder.sdiv(builder.add(n, _const(lanes - 1)), _const(lanes)), [], vec)
-        return context.get_dummy_value()
+    return split
 
-    return types.void(*[types.intp] * 4, dst_like, src_like), codegen
+
+def _split_code(context, builder, args, dt, st, lanes):
+    """even[m] = src[2m], odd[m] = src[2m + 1] for m < pairs (>= lanes; addresses in bytes;
+    int8 -> float32 converted): one load of 2 lanes elements and two shuffles a step, the last
+    step ending at the last pair (overlapping the one before: both write the same values).
+    LLVM's own vectorization of the pairs loop (two stride-2 loads) ran the 96 x 112 x 112
+    plane split of EfficientNet-B0 at 0.18 ns an element, twice a plain copy."""
+    da, db, s, n = args[:4]
+    d_ir, s_ir = context.get_value_type(dt), context.get_value_type(st)
+    dsz, ssz = dt.bitwidth // 8, st.bitwidth // 8
+    wide, dv = ir.VectorType(s_ir, 2 * lanes), ir.VectorType(d_ir, lanes)
+    i32 = ir.IntType(32)
+    pick = [ir.Constant(ir.VectorType(i32, lanes), [2 * j + k for j in range(lanes)])
+            for k in (0, 1)]
+    last = builder.sub(n, _const(lanes))
+
+    def vec(i, carried):
+        m = builder.mul(i, _const(lanes))
+        m = builder.select(builder.icmp_signed("<", m, last), m, last)
+        v = builder.load(_ptr(builder, builder.add(s, builder.mul(m, _const(2 * ssz))), wide),
+                         align=1)
+        for dst, idx in ((da, pick[0]), (db, pick[1])):
+            part = builder.shuffle_vector(v, v, idx)
+            if st != dt:
+                part = builder.sitofp(part, dv)
+            builder.store(part, _ptr(builder, builder.add(dst, builder.mul(m, _const(dsz))), dv),
+                          align=1)
+        return []
+
+    _loop(builder, builder.sdiv(builder.add(n, _const(lanes - 1)), _const(lanes)), [], vec)
+    return context.get_dummy_value()
+
+
+# 8 pairs a step; 4 for rows of 8-15 columns (below 8, a plain loop). NOTE: MobileNetV3's and
+# EfficientNet-B0's 14 x 14 stride-2 planes went element by element (1.3 ns an element: half
+# of a 288 x 14 x 14 5x5/2 layer's 130 us)
+_split_pairs, _split_quads = _make_split(SPLIT_LANES), _make_split(SPLIT_LANES // 2)
+
 BLOCK = 64  # outputs per block of the flat loop, where n_out allows
 
 
@@ -434,7 +449,7 @@ def _pad_plane(xp, xf, src, h, wd, ph, pw, pitch, plane, sh):
     for ih in range(h):
         r = ih + ph
         d0, s0 = (r & 1) * 2 * plane + (r >> 1) * pitch, src + ih * wd
-        if wd < PHASE_PAIRS and (wd < 2 * SPLIT_LANES or not VECTORS):
+        if wd < PHASE_PAIRS and (wd < SPLIT_LANES or not VECTORS):
             for iw in range(wd):
                 c = iw + pw
                 xp[np.uint64(d0 + (c & 1) * plane + (c >> 1))] = xf[np.uint64(s0 + iw)]
@@ -447,6 +462,10 @@ def _pad_plane(xp, xf, src, h, wd, ph, pw, pitch, plane, sh):
         if VECTORS and wd >= 2 * SPLIT_LANES:
             xa, fa = np.int64(xp.ctypes.data), np.int64(xf.ctypes.data)
             _split_pairs(xa + da * xp.itemsize, xa + db * xp.itemsize, fa + s0 * xf.itemsize,
+                         wd >> 1, xp, xf)
+        elif VECTORS and wd >= SPLIT_LANES:
+            xa, fa = np.int64(xp.ctypes.data), np.int64(xf.ctypes.data)
+            _split_quads(xa + da * xp.itemsize, xa + db * xp.itemsize, fa + s0 * xf.itemsize,
                          wd >> 1, xp, xf)
         else:
             for m in range(wd >> 1):

@@ -187,11 +187,14 @@ def test_dw_conv_int8_parallel_no_bias(name):
 # the geometries of the padded-plane kernels (kd.padded_fast), with small maps and odd sizes
 # (from pw = 2 the stride-1 rows share one padding: narrower than it, and ph != pw)
 PADDED = [name for name, case in CASES.items() if kd.padded_fast(*case[4], *case[5], *case[7])] + [
-    "4x4-s1", "s2-pad2-odd", "5x5-s1-narrow", "5x5-s1-ph1-pw2"]
+    "4x4-s1", "s2-pad2-odd", "5x5-s1-narrow", "5x5-s1-ph1-pw2", "s2-w8", "5x5-s2-w14"]
 CASES_PADDED = {**CASES, "4x4-s1": (2, 7, 4, 4, (3, 3), (1, 1), (1, 1), (1, 1)),
                 "s2-pad2-odd": (2, 3, 15, 13, (5, 5), (2, 2), (2, 2), (1, 1)),
                 "5x5-s1-narrow": (2, 3, 3, 1, (5, 5), (1, 1), (2, 2), (1, 1)),
-                "5x5-s1-ph1-pw2": (1, 2, 6, 9, (5, 5), (1, 1), (1, 2), (1, 1))}
+                "5x5-s1-ph1-pw2": (1, 2, 6, 9, (5, 5), (1, 1), (1, 2), (1, 1)),
+                # rows of 8-15 columns split 4 pairs a vector step (kd._split_quads)
+                "s2-w8": (1, 3, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1)),
+                "5x5-s2-w14": (2, 3, 14, 14, (5, 5), (2, 2), (2, 2), (1, 1))}
 
 
 def _padded_scratch(case, parts, x_dtype, t_dtype, fill):
