@@ -9,10 +9,10 @@ aid, not a benchmark).
 Engine A is planned as the code stands. Engine B is planned with POCKET_ROUTE set (--route) and
 after running the file given by --patch, which may call `patch(obj, "name", value)` to change a
 module attribute that planning reads (a route's threshold, a predicate); the attributes are put
-back once B is planned. Both then run the same input, alternating (A B, B A, ...), and the figure
-is the median of each adjacent pair's B/A ratio, which drifting machine speed cancels. Constants
-that compiled kernels read (module globals inside @njit code) are frozen at compile time and
-cannot be patched this way.
+back once B is planned and bound for its batch. Both then run the same input, alternating (A B,
+B A, ...), and the figure is the median of each adjacent pair's B/A ratio, which drifting
+machine speed cancels. Constants that compiled kernels read (module globals inside @njit code)
+are frozen at compile time and cannot be patched this way.
 
 The outputs are compared first: `max |A - B|` 0 means the two plans give the same bytes.
 """
@@ -39,6 +39,8 @@ def main() -> None:
     from pocket.infer import Engine
 
     a = Engine(args.model, threads=args.threads, max_batch=1)
+    x = np.random.default_rng(1).random((1, *a.input_shape), dtype=np.float32).astype(a.input_dtype)
+    ya = a.run(x, copy=True)  # A bound (its batch's calls chosen) before any patch
     undo = []
 
     def patch(obj, name, value):
@@ -53,6 +55,10 @@ def main() -> None:
             with open(args.patch) as f:
                 exec(compile(f.read(), args.patch, "exec"), {"patch": patch})
         b = Engine(args.model, threads=args.threads, max_batch=1)
+        # NOTE: and bound under the patches: some choices are made at bind, per batch size
+        # (Winograd's channel floor, conv_winograd.at_batch); before, those patches were put
+        # back at construction and B ran A's plan
+        yb = b.run(x, copy=True)
     finally:
         for obj, name, value in reversed(undo):
             setattr(obj, name, value)
@@ -60,8 +66,6 @@ def main() -> None:
         if saved is not None:
             os.environ["POCKET_ROUTE"] = saved
 
-    x = np.random.default_rng(1).random((1, *a.input_shape), dtype=np.float32).astype(a.input_dtype)
-    ya, yb = a.run(x, copy=True), b.run(x, copy=True)
     print(f"max |A - B| {float(np.abs(ya.astype(np.float64) - yb).max()):.3g}")
     for _ in range(5):
         a.run(x)
