@@ -46,7 +46,7 @@ from pocket.infer.jit import kernel
 from pocket.infer.kernels_dwflat import flat_sums
 from pocket.infer.kernels_fp32 import act_inplace, relu
 from pocket.infer.kernels_int8 import _code_clamped, _epilogue, total32
-from pocket.infer.kernels_vnni import _const, _loop, _ptr
+from pocket.infer.kernels_vnni import _const, _loop, _ptr, _splat
 
 # (kh, kw, stride along the width) with an unrolled interior loop; any dilation, padding and
 # stride along the height
@@ -340,14 +340,14 @@ SPLIT_LANES = 8  # column pairs a vector step of _split_pairs
 def _make_split(lanes: int):
     """_split_pairs for `lanes` pairs a step."""
 
-    def codegen_of(dt, st):
-        return lambda context, builder, signature, args: _split_code(
-            context, builder, args, dt, st, lanes)
-
     @intrinsic
     def split(typingctx, even, odd, src, pairs, dst_like, src_like):
-        return (types.void(*[types.intp] * 4, dst_like, src_like),
-                codegen_of(dst_like.dtype, src_like.dtype))
+        dt, st = dst_like.dtype, src_like.dtype
+
+        def codegen(context, builder, signature, args):
+            return _split_code(context, builder, args, dt, st, lanes)
+
+        return types.void(*[types.intp] * 4, dst_like, src_like), codegen
 
     return split
 
@@ -384,6 +384,12 @@ def _split_code(context, builder, args, dt, st, lanes):
     return context.get_dummy_value()
 
 
+# 8 pairs a step; 4 for rows of 8-15 columns (below 8, a plain loop). NOTE: MobileNetV3's and
+# EfficientNet-B0's 14 x 14 stride-2 planes went element by element (1.3 ns an element: half
+# of a 288 x 14 x 14 5x5/2 layer's 130 us)
+_split_pairs, _split_quads = _make_split(SPLIT_LANES), _make_split(SPLIT_LANES // 2)
+
+
 @intrinsic
 def _copy_row(typingctx, dst, src, n, lo, hi, dst_like, src_like):
     """dst[0:n] = src[0:n] (byte addresses; int8 -> float32 converted), float32 values
@@ -410,9 +416,9 @@ def _copy_row(typingctx, dst, src, n, lo, hi, dst_like, src_like):
             if st != dt:
                 v = builder.sitofp(v, ty_d)
             if is_float:
-                lanes = ty_d.count if isinstance(ty_d, ir.VectorType) else 0
-                lo_v = _splat_any(builder, vlo, ty_d, lanes)
-                hi_v = _splat_any(builder, vhi, ty_d, lanes)
+                vec = isinstance(ty_d, ir.VectorType)
+                lo_v = _splat(builder, vlo, ty_d) if vec else vlo
+                hi_v = _splat(builder, vhi, ty_d) if vec else vhi
                 v = builder.select(builder.fcmp_ordered("<", v, lo_v), lo_v, v)
                 v = builder.select(builder.fcmp_ordered(">", v, hi_v), hi_v, v)
             builder.store(v, _ptr(builder, builder.add(d, builder.mul(at, _const(dsz))), ty_d),
@@ -445,25 +451,11 @@ def _copy_row(typingctx, dst, src, n, lo, hi, dst_like, src_like):
                       src_like), codegen
 
 
-def _splat_any(builder, val, ty, lanes):
-    """val as ty: itself (a scalar type), or a vector of `lanes` copies."""
-    if not lanes:
-        return val
-    one = builder.insert_element(ir.Constant(ty, ir.Undefined), val, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(one, ir.Constant(ty, ir.Undefined),
-                                  ir.Constant(ir.VectorType(ir.IntType(32), lanes), None))
-
-
 # stride 1: rows narrower than this copied in and out by _copy_row (interleaved, one thread,
 # stride-1 layers against LLVM's loops: 7x7 0.83-0.87x, 14x14 0.81-0.96x, 28x28 1.02-1.05x,
 # 56x56 1.11-1.14x)
 SHORT_ROWS = 24
 
-
-# 8 pairs a step; 4 for rows of 8-15 columns (below 8, a plain loop). NOTE: MobileNetV3's and
-# EfficientNet-B0's 14 x 14 stride-2 planes went element by element (1.3 ns an element: half
-# of a 288 x 14 x 14 5x5/2 layer's 130 us)
-_split_pairs, _split_quads = _make_split(SPLIT_LANES), _make_split(SPLIT_LANES // 2)
 
 BLOCK = 64  # outputs per block of the flat loop, where n_out allows
 
