@@ -281,6 +281,35 @@ def test_depthwise_5x5_on_small_maps_and_stride_2_takes_the_padded_plane(h, w, k
     assert routes.ROUTES["conv_fma_depthwise"].eligible(geo, "f32", cpu)
 
 
+@pytest.mark.parametrize("x86", [True, False])
+@pytest.mark.parametrize("o", [8, 15, 16, 24, 40])
+def test_int8_pointwise_takes_the_tiles_on_x86_from_16_channels(monkeypatch, o, x86):
+    """An int8 1x1 conv of 256+ pixels on the portable path: on x86 conv_tile_q from
+    conv_pw_int8.TILE_Q_FROM_O output channels on (measured faster there), conv_pw_int8 below;
+    on ARM conv_pw_int8 at every width. Either way the engine matches the reference."""
+    from pocket.infer.routes import conv_pw_int8
+
+    monkeypatch.setattr(conv_pw_int8, "TILE_Q_FROM_O", 16 if x86 else None)
+    cpu = Cpu(fma=False, vnni=False)
+    geo = ConvGeometry(24, 16, 16, o, 1, 1, 1, 1, 0, 0, 1, 1, 1)
+    table = [r for r in routes.TABLE["conv2d"] if r.eligible(geo, "i8", cpu)]
+    first = next(r for r in table if r.declines(geo, "i8", cpu) is None)
+    assert first.name == ("conv_tile_q" if x86 and o >= 16 else "conv_pw_int8")
+    if Cpu.host().vnni or Cpu.host().sdot:
+        return  # (the engine would take its VNNI / sdot route)
+    w_q, w_s = qm.quantize_weights(RNG.standard_normal((o, 24, 1, 1)).astype(np.float32))
+    params = {"w": w_q, "b": qm.quantize_bias(RNG.standard_normal(o).astype(np.float32), 0.05, w_s)}
+    quant = {"w": {"scale": w_s.tolist(), "zero_point": [0] * o, "axis": 0}}
+    x = RNG.integers(-128, 128, (2, 24, 16, 16)).astype(np.int8)
+    node = Node("conv", "conv2d", ["x", "w", "b"], ["y"],
+                {"padding": 0, "x_scale": 0.05, "x_zero_point": 3, "y_scale": 0.07, "y_zero_point": -5,
+                 "activation": "relu"})
+    got, want, table = _run(x, [node], params, quant)
+    assert table[0]["route"] == first.name
+    for g in got:
+        assert np.array_equal(g, want)
+
+
 @pytest.mark.parametrize("hw,fused", [(32, True), (30, False)])
 def test_stem_conv_fuses_a_padded_maxpool(tmp_path, hw, fused):
     """A stride-2 conv on conv_fma_phase followed by a 3x3/2 maxpool of padding 1 (ResNet's and

@@ -5,6 +5,7 @@ three). What the Pi 4 and x86 without VNNI run for MobileNet-style pointwise lay
 
 from __future__ import annotations
 
+import platform
 from functools import partial
 
 from pocket.infer import kernels_int8 as ki
@@ -12,6 +13,16 @@ from pocket.infer import kernels_pw as kp
 from pocket.infer.lowering_common import _int8_consts
 from pocket.infer.routes.base import Route, conv_prep, register
 from pocket.infer.routes.conv_pw import pointwise_declines, pointwise_limit, pw_prep, pw_scratch
+
+# NOTE: on x86 without VNNI, kernels_tile's int8 GEMM (conv_tile_q, next in the table) ran
+# these layers in 0.64-0.96x pw_conv_q's time from 16 output channels on, the same bytes
+# (2-core AMD Zen 1, one thread, each layer timed in its network's sequence: ShuffleNetV2
+# int8 15.1 -> 13.8 ms, MobileNetV2-0.5 4.48 -> 4.24, SqueezeNet 28.1 -> 27.2, EfficientNet-B0
+# 42.5 -> 41.4, MobileNetV3-small 7.55 -> 7.37); below 16 (MobileNetV2-0.5's 16 -> 8 project:
+# two groups of 6 rows for 8 channels) 1.14x. ARM keeps pw_conv_q for every width: the tiles'
+# instruction counts on the Pi 4 were not measured.
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+TILE_Q_FROM_O = 16 if _X86 else None
 
 
 @register
@@ -26,6 +37,8 @@ class ConvPwInt8(Route):
         return pointwise_limit(geo)
 
     def declines(self, geo, dtype, cpu):
+        if TILE_Q_FROM_O is not None and geo.o >= TILE_Q_FROM_O:
+            return f"{TILE_Q_FROM_O} or more output channels on x86: conv_tile_q is faster"
         return pointwise_declines(geo)
 
     def prepare(self, ctx, node):
