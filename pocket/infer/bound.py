@@ -108,3 +108,21 @@ def serial(call: partial) -> partial:
     """The call with its kernel's serial twin (jit.py), or the call itself (no twin)."""
     twin = getattr(call.func, "serial", None)
     return call if twin is None else partial(twin, *call.args, **call.keywords)
+
+
+def solo(call: partial) -> partial:
+    """serial(call) for a solo call (Engine._solo_twin): where the kernel names `one_part`
+    (the positions of its per-part scratch arrays, one row a part, whose parts only divide
+    outputs that are computed the same way whichever part computes them), those arrays cut to
+    their first row, so the serial twin runs the work as one part, as a 1-thread plan's call
+    does, and writes the same bytes as the team's parts.
+
+    NOTE: the team's parts one after another cost 0.3-1.1% a call over a 1-thread plan
+    (MobileNetV3-small: a GEMM's pixel block packed once per part, its channel groups in two
+    runs), which is what two threads under a busy neighbour paid over one."""
+    twin = getattr(call.func, "serial", None)
+    if twin is None:
+        return call
+    rows = getattr(call.func, "one_part", ())
+    args = tuple(a[:1] if i in rows else a for i, a in enumerate(call.args))
+    return partial(twin, *args, **call.keywords)

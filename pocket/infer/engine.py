@@ -530,9 +530,10 @@ class Engine:
 
     def _solo_twin(self, bound: _Bound) -> _Bound:
         """The bound plan's calls on the calling thread alone: each parallel kernel as its
-        serial twin (split GEMMs too: their parts one after another), so the same work on the
-        same parts and the same bytes out; no per-call BLAS switches; where a call reaches
-        BLAS, between two calls that shrink its pool to one thread and restore it.
+        serial twin (split GEMMs too: their parts one after another; the tile GEMMs and the
+        padded depthwise planes as one part, bound.solo), so the same bytes out; no per-call
+        BLAS switches; where a call reaches BLAS, between two calls that shrink its pool to one
+        thread and restore it.
 
         NOTE: not the parallel kernels on a pool of one: under a busy neighbour each still
         entered OpenMP, and MobileNetV2's solo calls took 3.0 ms against 2.6 on 1 thread."""
@@ -546,7 +547,7 @@ class Engine:
         bound.to_solo = []  # the index in the solo calls of what follows each team call
         for i, call in enumerate(bound.calls):
             if call.func != self._serial:
-                calls.append(_b.serial(call))
+                calls.append(_b.solo(call))
                 steps.append(bound.steps[i] if i < len(bound.steps) else len(self.graph.nodes))
             bound.to_solo.append(len(calls))
         solo = _Bound(bound.inputs, bound.outputs, calls + ([partial(self._solo, False)] if blas else []),

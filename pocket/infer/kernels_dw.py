@@ -688,6 +688,9 @@ def _padded_part_f32(out, x, w, b, xp, tmp, lo, hi, sh, ph, pw, act, alpha):
 
 
 PART_ACT = 256  # see _padded_part_f32
+# a solo call runs these as one part (bound.solo): parts only split the planes, each computed
+# the same way in any part (its scratch rows are rewritten per plane, the padding per part)
+dw_conv_padded.one_part = (4, 5)
 
 
 @njit(cache=True, inline="always")
@@ -750,6 +753,9 @@ def dw_conv_padded_qf(out, x, w, b, xp_all, acc_all, tmp_all, m, x_zp, to_int8, 
         first, last = _parts(x.shape[0] * x.shape[1], parts, part)
         _padded_part_qf(out, x, w, b, xp_all[part], acc_all[part], tmp_all[part], first, last,
                         m, x_zp, to_int8, y_zp, lo, relu, sh, ph, pw)
+
+
+dw_conv_padded_q.one_part = dw_conv_padded_qf.one_part = (4, 5, 6)  # (as dw_conv_padded's)
 
 
 @njit(cache=True, inline="always")

@@ -446,6 +446,12 @@ def gemm_act(c, w, x, b, scratch, act, alpha):
             act_inplace(cf, lo, hi - lo, np.float32(0.0), act, alpha)
 
 
+# a solo call runs these as one part (bound.solo): parts only split the (image, pixel block,
+# channel group) tasks, each computed the same way in any part, and the activation pass by
+# element
+gemm_act.one_part = (4,)
+
+
 @njit(cache=True, inline="always")
 def _tasks(x, o):
     """(pixel blocks an image, channel groups, tasks) of a GEMM of O channels over x (N, K, P)."""
@@ -706,6 +712,9 @@ def gemm_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch):
             _block_q(out, w, x, bias_adj, m, to_int8, y_zp, lo, relu, scratch[part], img, p0,
                      g0, g1)
             t0 += g1 - g0
+
+
+gemm_q.one_part = (9,)  # (as gemm_act's)
 
 
 @njit(cache=True)

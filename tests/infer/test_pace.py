@@ -200,3 +200,44 @@ def test_adaptive_threads_off(cnn, monkeypatch):
     with Engine(cnn["fp32"], threads=1, max_batch=8) as eng:
         eng.run(cnn["x"])
         assert eng.mode(len(cnn["x"])) == "serial" and eng.mode(3) == "serial"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_solo_calls_run_the_tiles_and_depthwise_planes_as_one_part(tmp_path, precision, monkeypatch):
+    """A solo call runs the kernels that name `one_part` (kernels_tile's GEMMs, kernels_dw's
+    padded planes) on the first row of their scratch: one part, as a 1-thread plan does, where
+    the team's call splits them in two; the bytes are the team's and the 1-thread engine's."""
+    from models import Builder
+
+    _two_threads()
+    monkeypatch.setattr(engine_mod, "_PARALLEL_WORK", 0)
+    monkeypatch.setattr(engine_mod, "_PARALLEL_WORK_PINNED", 0)
+    rng = np.random.default_rng(12)
+    b = Builder((8, 30, 27), rng)
+    b.conv(8, 32, 1, activation="relu")
+    b.conv(32, 32, 3, groups=32, stride=[2, 2], padding=[1, 1], activation="relu")
+    b.conv(32, 16, 1)
+    g, p = b.graph(), b.params
+    x = rng.standard_normal((2, 8, 30, 27)).astype(np.float32)
+    quant = None
+    if precision == "int8":
+        g, p, quant = quantize_sequential(g, p, x)
+    path = save_model(tmp_path / "block.bin", g, p, quant)
+    with Engine(path, threads=1, max_batch=2) as one:
+        want = one.run(x, copy=True)
+    with Engine(path, threads=2, max_batch=2) as eng:
+        eng.run(x)
+        bound = eng._bound[len(x)]
+        # (the bound calls are compiled entry points by now: the scratch shows by its shape)
+        cut = [(a.shape[0], c.shape[0]) for t, s in zip(bound.calls, bound.solo.calls)
+               for a, c in zip(t.args, s.args) if isinstance(a, np.ndarray) and a.shape != c.shape]
+        assert set(cut) <= {(2, 1)}, cut
+        # at least the two 1x1 GEMMs (int8's depthwise conv takes kernels_dwcl here; AVX-512
+        # routes of its own)
+        assert len(cut) >= (0 if kernels_fma.AVAILABLE else 2), cut
+        _force(bound, False)
+        team = eng.run(x, copy=True)
+        _force(bound, True)
+        solo = eng.run(x, copy=True)
+    np.testing.assert_array_equal(team, want)
+    np.testing.assert_array_equal(solo, want)
