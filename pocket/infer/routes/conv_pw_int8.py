@@ -5,11 +5,11 @@ three). What the Pi 4 and x86 without VNNI run for MobileNet-style pointwise lay
 
 from __future__ import annotations
 
-import platform
 from functools import partial
 
 from pocket.infer import kernels_int8 as ki
 from pocket.infer import kernels_pw as kp
+from pocket.infer import kernels_tile as kt
 from pocket.infer.lowering_common import _int8_consts
 from pocket.infer.routes.base import Route, conv_prep, register
 from pocket.infer.routes.conv_pw import pointwise_declines, pointwise_limit, pw_prep, pw_scratch
@@ -19,10 +19,10 @@ from pocket.infer.routes.conv_pw import pointwise_declines, pointwise_limit, pw_
 # (2-core AMD Zen 1, one thread, each layer timed in its network's sequence: ShuffleNetV2
 # int8 15.1 -> 13.8 ms, MobileNetV2-0.5 4.48 -> 4.24, SqueezeNet 28.1 -> 27.2, EfficientNet-B0
 # 42.5 -> 41.4, MobileNetV3-small 7.55 -> 7.37); below 16 (MobileNetV2-0.5's 16 -> 8 project:
-# two groups of 6 rows for 8 channels) 1.14x. ARM keeps pw_conv_q for every width: the tiles'
-# instruction counts on the Pi 4 were not measured.
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
-TILE_Q_FROM_O = 16 if _X86 else None
+# two groups of 6 rows for 8 channels) 1.14x. ARM (the tiles' weight-vector form, as
+# conv_tile's COLS_MAX_K) keeps pw_conv_q for every width: its instruction counts on the Pi 4
+# were not measured.
+TILE_Q_FROM_O = None if kt.W_VECTORS else 16
 
 
 @register
