@@ -53,7 +53,9 @@ def act_run(dst, d0, src, s0, n, bo, act, alpha):
     to x = -4.2, 8e-6 to -13); the others scalar through activate().
 
     NOTE: a function of its own, not inlined: its vector loops took 2-3 s to compile, which
-    inlined into each epilogue kernel made a cold first run (and the suite) minutes longer."""
+    inlined into each epilogue kernel made a cold first run (and the suite) minutes longer.
+    Callers pass d0 and s0 as np.int64: an int literal or a uint64 there is another signature,
+    the loops compiled again (act_run and act_inplace had seven, ~10 s each on a cold cache)."""
     _act_loops(dst, d0, src, s0, n, bo, act, alpha)
 
 
@@ -173,9 +175,9 @@ def bias_act_run(dst, src, n, bo, act, alpha):
             v = relu(src[i] + bo)
             dst[i] = hi if v > hi else v
     elif dst.ctypes.data == src.ctypes.data:
-        act_inplace(dst, 0, n, bo, act, alpha)
+        act_inplace(dst, np.int64(0), n, bo, act, alpha)
     else:
-        act_run(dst, 0, src, 0, n, bo, act, alpha)
+        act_run(dst, np.int64(0), src, np.int64(0), n, bo, act, alpha)
 
 
 @kernel
@@ -215,7 +217,7 @@ def bias_act_rows(out, y, b, act, alpha):
             if has_bias:
                 for j in range(o):
                     dst[j] = row[j] + b[j]
-                act_inplace(dst, 0, o, np.float32(0.0), act, alpha)
+                act_inplace(dst, np.int64(0), o, np.float32(0.0), act, alpha)
             else:
                 bias_act_run(dst, row, o, np.float32(0.0), act, alpha)
 
@@ -230,9 +232,10 @@ def unary(out, x, act, alpha):
     for t in prange(-(-m // _UNARY_BLOCK)):
         lo = t * _UNARY_BLOCK
         if out.ctypes.data == x.ctypes.data:
-            act_inplace(out, lo, min(_UNARY_BLOCK, m - lo), np.float32(0.0), act, alpha)
+            act_inplace(out, np.int64(lo), min(_UNARY_BLOCK, m - lo), np.float32(0.0), act, alpha)
         else:
-            act_run(out, lo, x, lo, min(_UNARY_BLOCK, m - lo), np.float32(0.0), act, alpha)
+            act_run(out, np.int64(lo), x, np.int64(lo), min(_UNARY_BLOCK, m - lo), np.float32(0.0), act,
+                    alpha)
 
 
 @kernel
@@ -635,7 +638,7 @@ def bias_act_pitch(out, y, pitch, istride, b, act, alpha):
         if whole and act not in (0, 1, 9):
             # NOTE: one act_run call a plane, not a row (MobileNetV3/EfficientNet's expand
             # convs: their hardswish/SiLU rows of 7-28 pixels ran in scalar remainders)
-            act_run(of, np.uint64(r * ho * wo), yf, np.uint64(oc * mp + bi * istride), ho * wo,
+            act_run(of, np.int64(r * ho * wo), yf, np.int64(oc * mp + bi * istride), ho * wo,
                     bo, act, alpha)
             continue
         for oh in range(ho):
@@ -656,7 +659,7 @@ def bias_act_pitch(out, y, pitch, istride, b, act, alpha):
                     v = relu(yf[src + np.uint64(ow)] + bo)
                     of[dst + np.uint64(ow)] = hi if v > hi else v
             else:
-                act_run(of, dst, yf, src, wo, bo, act, alpha)
+                act_run(of, np.int64(dst), yf, np.int64(src), wo, bo, act, alpha)
 
 
 @kernel
