@@ -506,13 +506,13 @@ def test_dw_conv_cl_f32(name, act):
     twin = twin_act(naive_dw(x, w, s, p, d, 0.0) + b.astype(np.float64).reshape(1, -1, 1, 1))
     xp, tmp = _padded_scratch(case, 1, np.float32, np.float32, 0.0)
     planes = np.empty((n, c, ho, wo), np.float32)
-    kd.dw_conv_padded.serial(planes, x, w, b, xp, tmp, s[0], *p, code, np.float32(6.0))
+    kd.dw_conv_padded.serial(planes, x, w, b, xp, tmp, s[0], *p, code, 6.0)
     wt, bl = kc.prepare_f32(w, b)
     for parts, fn in ((1, kc.dw_conv_cl.serial), (2, kc.dw_conv_cl), (3, kc.dw_conv_cl)):
         a, t = kc.scratch_sizes_f32(c, h, wd, ho, wo, *p, parts)
         out = np.full((n, c, ho, wo), 7.0, np.float32)
         fn(out, x, wt, bl, np.full((parts, a), np.nan, np.float32), np.full((parts, t), np.nan, np.float32),
-           s[0], *p, code, np.float32(6.0))
+           s[0], *p, code, 6.0)  # (a Python float, as the engine's: another type compiles again)
         np.testing.assert_allclose(out, twin, rtol=1e-4, atol=1e-4, equal_nan=True)
         assert np.array_equal(out, planes, equal_nan=True), parts
 

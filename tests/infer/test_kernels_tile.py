@@ -42,11 +42,22 @@ def _scratch(parts, k):
     return np.full((parts, kt.scratch_floats(k)), np.nan, np.float32)
 
 
+def _frozen(a):
+    """a, read-only as the engine's weights and biases are (routes.base.prepared): Numba
+    compiles a kernel once more for each readonly flag it is given."""
+    a.flags.writeable = False
+    return a
+
+
+def _packed(w, **kw):
+    return _frozen(kt.pack_weights(w, **kw))
+
+
 def _case(name):
     n, o, k, p = SHAPES[name]
     x = RNG.standard_normal((n, k, p)).astype(np.float32)
     w = RNG.standard_normal((o, k)).astype(np.float32)
-    b = RNG.standard_normal(o).astype(np.float32)
+    b = _frozen(RNG.standard_normal(o).astype(np.float32))
     return x, w, b
 
 
@@ -58,7 +69,7 @@ def test_gemm_act_matches_naive_and_reference(name, act):
     o = w.shape[0]
     alpha = ACTS[act]
     out = np.full((n, o, p), np.nan, np.float32)
-    kt.gemm_act.serial(out, kt.pack_weights(w), x, b, _scratch(1, k), kf.ACT[act], alpha)
+    kt.gemm_act.serial(out, _packed(w), x, b, _scratch(1, k), kf.ACT[act], alpha)
     w64, x64 = w.astype(np.float64), x.astype(np.float64)
     pre = np.einsum("ok,nkp->nop", w64, x64) + b.reshape(1, o, 1)
     bound = 1e-5 * (np.einsum("ok,nkp->nop", np.abs(w64), np.abs(x64)) + np.abs(b).reshape(1, o, 1))
@@ -79,12 +90,12 @@ def test_gemm_act_writes_only_its_output():
     x = RNG.standard_normal((1, k, p)).astype(np.float32)
     w = RNG.standard_normal((o, k)).astype(np.float32)
     out2 = np.full((n, o, p), np.nan, np.float32)
-    wt = kt.pack_weights(w)
-    kt.gemm_act.serial(out2, wt, x, np.zeros(o, np.float32), _scratch(1, k), kf.ACT["none"], 0.0)
+    wt = _packed(w)
+    kt.gemm_act.serial(out2, wt, x, _frozen(np.zeros(o, np.float32)), _scratch(1, k), kf.ACT["none"], 0.0)
     np.testing.assert_allclose(out2[0], w.astype(np.float64) @ x[0].astype(np.float64),
                                rtol=1e-5, atol=1e-5)
     flat = np.full(o * p + 40, 3.0, np.float32)
-    kt.gemm_act.serial(flat[:o * p].reshape(1, o, p), wt, x, np.zeros(o, np.float32), _scratch(1, k),
+    kt.gemm_act.serial(flat[:o * p].reshape(1, o, p), wt, x, _frozen(np.zeros(o, np.float32)), _scratch(1, k),
                        kf.ACT["relu"], 0.0)
     assert np.all(flat[o * p:] == 3.0)
 
@@ -97,7 +108,7 @@ def test_gemm_act_nan_input_and_relu():
     x[0, 3, 36] = np.nan  # in the tail
     w = RNG.standard_normal((o, k)).astype(np.float32)
     out = np.full((n, o, p), 7.0, np.float32)
-    kt.gemm_act.serial(out, kt.pack_weights(w), x, np.zeros(o, np.float32), _scratch(1, k),
+    kt.gemm_act.serial(out, _packed(w), x, _frozen(np.zeros(o, np.float32)), _scratch(1, k),
                        kf.ACT["relu"], 0.0)
     assert np.all(np.isnan(out[0, :, 5])) and np.all(np.isnan(out[0, :, 36]))
     keep = np.delete(np.arange(p), [5, 36])
@@ -112,10 +123,10 @@ def test_gemm_act_same_bytes_for_any_split(name):
     x, w, b = _case(name)
     n, k, p = x.shape
     one = np.full((n, w.shape[0], p), np.nan, np.float32)
-    kt.gemm_act.serial(one, kt.pack_weights(w), x, b, _scratch(1, k), kf.ACT["silu"], 0.0)
+    kt.gemm_act.serial(one, _packed(w), x, b, _scratch(1, k), kf.ACT["silu"], 0.0)
     for parts in (2, 3, 7):
         got = np.full_like(one, np.nan)
-        kt.gemm_act(got, kt.pack_weights(w), x, b, _scratch(parts, k), kf.ACT["silu"], 0.0)
+        kt.gemm_act(got, _packed(w), x, b, _scratch(parts, k), kf.ACT["silu"], 0.0)
         np.testing.assert_array_equal(got, one, err_msg=f"{name}, {parts} parts")
 
 
@@ -127,7 +138,7 @@ def test_gemm_act_with_each_images_weights(name):
     n, k, p = x.shape
     o = w.shape[0]
     ws = RNG.standard_normal((n, o, k)).astype(np.float32)
-    packed = np.stack([kt.pack_weights(wi) for wi in ws])
+    packed = _frozen(np.stack([kt.pack_weights(wi) for wi in ws]))
     one = np.full((n, o, p), np.nan, np.float32)
     kt.gemm_act.serial(one, packed, x, b, _scratch(1, k), kf.ACT["relu"], 0.0)
     w64, x64 = ws.astype(np.float64), x.astype(np.float64)
@@ -211,7 +222,7 @@ def test_gemm_q_exact(name, mode):
             continue  # the parallel twin for one mode (each compile takes seconds)
         out = np.full((n, o, p), 99 if to_int8 else np.nan, np.int8 if to_int8 else np.float32)
         scratch = np.full((parts, kt.scratch_floats_q(k)), np.nan, np.float32)
-        fn(out, kt.pack_weights(w2.astype(np.float32), blocked=False), x, bias_adj, m, to_int8,
+        fn(out, _packed(w2.astype(np.float32), blocked=False), x, bias_adj, m, to_int8,
            float(y_zp), lo, relu, scratch)
         assert np.array_equal(out, want), (name, parts)
 
@@ -256,7 +267,7 @@ def test_gemm_act_column_bytes_whatever_its_place(k, act):
     outs = []
     for p in (49, 53, 64):
         out = np.full((1, o, p), np.nan, np.float32)
-        kt.gemm_act.serial(out, kt.pack_weights(w), np.ascontiguousarray(x[:, :, :p]), b,
+        kt.gemm_act.serial(out, _packed(w), np.ascontiguousarray(x[:, :, :p]), b,
                            _scratch(1, k), kf.ACT[act], ACTS[act])
         outs.append(out[:, :, :49])
     np.testing.assert_array_equal(outs[0], outs[2])
@@ -276,7 +287,7 @@ def test_epilogue_hard_activations_equal_the_pass(name, act):
     x = 3.0 * x
     x[:, 0, :3] = [np.nan, np.inf, -np.inf]
     n, k, p = x.shape
-    wp = kt.pack_weights(w)
+    wp = _packed(w)
     fused = np.full((n, w.shape[0], p), np.nan, np.float32)
     kt.gemm_act.serial(fused, wp, x, b, _scratch(1, k), kf.ACT[act], 0.0)
     plain = np.full_like(fused, np.nan)
@@ -336,7 +347,7 @@ def test_gemm_phase_matches_reference(case, act, parts):
     kq.split_phases.serial(xq, x, ph, pw, hq, wq)
     y = np.full((o, ho, wo), np.nan, np.float32)
     fn = kt.gemm_phase if parts > 1 else kt.gemm_phase.serial
-    fn(y, kt.pack_weights(wt.reshape(o, -1), blocked=False), xq, wq, kq.phase_offsets(c, kh, kw, hq, wq), b,
+    fn(y, _packed(wt.reshape(o, -1), blocked=False), xq, wq, kq.phase_offsets(c, kh, kw, hq, wq), b,
        np.full((parts, kt.ROWS * kt.VL), np.nan, np.float32), kf.ACT[act], 0.0)
     attrs = {"stride": [2, 2], "padding": [ph, pw], "dilation": [1, 1], "groups": 1, "activation": act}
     x64, w64 = x.astype(np.float64), wt.astype(np.float64)
