@@ -85,7 +85,7 @@ def _box(g, ho):
 @njit(cache=True, inline="always")
 def _act_run(of, lo, hi, act, alpha):
     """of[lo:hi] through activation `act` in place (kernels_fp32.act_inplace: vector loops)."""
-    act_inplace(of, np.int64(lo), hi - lo, np.float32(0.0), act, alpha)
+    act_inplace(of, lo, hi - lo, np.float32(0.0), act, alpha)
 
 
 @njit(cache=True, inline="always")
@@ -681,10 +681,10 @@ def _padded_part_f32(out, x, w, b, xp, tmp, lo, hi, sh, ph, pw, act, alpha):
         else:
             _flat_f32(tmp, xp, wf, ch * 25, bo, n_out, pitch, plane, 5, 5, 2)
         if per_plane:
-            act_inplace(tmp, np.int64(0), n_out, np.float32(0.0), act, alpha)
+            act_inplace(tmp, 0, n_out, np.float32(0.0), act, alpha)
         _copy_out(of, nc * ho * wo, tmp, ho, wo, pitch, act, alpha)
     if costly and not per_plane:
-        act_inplace(of, np.int64(lo * ho * wo), (hi - lo) * ho * wo, np.float32(0.0), act, alpha)
+        act_inplace(of, lo * ho * wo, (hi - lo) * ho * wo, np.float32(0.0), act, alpha)
 
 
 PART_ACT = 256  # see _padded_part_f32

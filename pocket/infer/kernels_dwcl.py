@@ -486,7 +486,7 @@ def _part_f32(out, x, wt, b, xp, tmp, b0, b1, sh, ph, pw, act, alpha):
         else:
             _image5f(xa, wa, wt.shape[1], ba, ta, b1 - b0, ho, wo, sh, cbp, wp, inner, alpha)
         if inner != act:
-            act_inplace(tmp, np.int64(0), howo * cbp, np.float32(0.0), act, alpha)
+            act_inplace(tmp, 0, howo * cbp, np.float32(0.0), act, alpha)
         for v in range(full):
             dst = np.int64(out.ctypes.data) + 4 * (im * c + c0 + v * VF) * howo
             _out_blocks_f32(ta + 4 * v * VF, cbp, dst, 4 * howo, howo // VF)

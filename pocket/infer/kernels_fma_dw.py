@@ -230,7 +230,7 @@ def _part(out, x, w, b, scratch, lo, hi, sh, ph, pw, mode, act, alpha):
             else:
                 _R52(oa_rows, ra, wb, wd, wo, pw, bo, reg)
         if mode < 0 and act != 0:
-            act_inplace(out.reshape(-1), np.int64(nc * ho * wo), ho * wo, np.float32(0.0), act, alpha)
+            act_inplace(out.reshape(-1), nc * ho * wo, ho * wo, np.float32(0.0), act, alpha)
 
 
 # --------------------------------------------------------------------------- small planes
@@ -343,7 +343,7 @@ def _flat_part(out, x, w, b, masks, lo, hi, ph, pw, mode, act, alpha):
             _flat_block(min(4, nv - v0), op + v0 * 64, xp + v0 * 64, wb, ma + v0 * 8, nv * 8, wd,
                         ph, pw, n - v0 * 16, bo, reg)
         if mode < 0 and act != 0:
-            act_inplace(out.reshape(-1), np.int64(nc * n), n, np.float32(0.0), act, alpha)
+            act_inplace(out.reshape(-1), nc * n, n, np.float32(0.0), act, alpha)
 
 
 # --------------------------------------------------------------------------- int8

@@ -181,4 +181,4 @@ def _cv_group(out, x, wpk, bp, scratch, t, sh, ph, pw, mode, act, alpha):
     if mode < 0 and act != 0:
         flat = out.reshape(-1)
         for r in range(rows):
-            act_inplace(flat, np.int64((img * c + c0 + r) * ho * wo), ho * wo, np.float32(0.0), act, alpha)
+            act_inplace(flat, (img * c + c0 + r) * ho * wo, ho * wo, np.float32(0.0), act, alpha)

@@ -41,9 +41,7 @@ from pocket.infer.kernels_math import (  # noqa: F401
 ACT = ops.activation_codes()  # name -> code, each op's Fusion.code in pocket/formats/ops.py
 
 
-# NOTE: contract (FMA contraction only, see jit.kernel): exp32's polynomial as FMAs ran SiLU at
-# 0.51 ns an element, 0.87 without; the results move by float32 rounding only
-@njit(cache=True, fastmath={"contract"})
+@njit(cache=True, inline="always")
 def act_run(dst, d0, src, s0, n, bo, act, alpha):
     """dst[d0 + i] = activation(src[s0 + i] + bo) for i < n, dst and src apart (in place:
     act_inplace): one loop per activation, so each vectorizes: none/ReLU/relu6
@@ -52,18 +50,31 @@ def act_run(dst, d0, src, s0, n, bo, act, alpha):
     activate(): float32 rounding, as the GEMMs' sums; GELU's left tail within 1e-6 relative
     to x = -4.2, 8e-6 to -13); the others scalar through activate().
 
-    NOTE: a function of its own, not inlined: its vector loops took 2-3 s to compile, which
-    inlined into each epilogue kernel made a cold first run (and the suite) minutes longer.
-    Callers pass d0 and s0 as np.int64: an int literal or a uint64 there is another signature,
-    the loops compiled again (act_run and act_inplace had seven, ~10 s each on a cold cache)."""
+    NOTE: the loops are a function of their own (_act_run_loops), not inlined: they took 2-3 s
+    to compile, which inlined into each epilogue kernel made a cold first run (and the suite)
+    minutes longer. This inlined shim gives it one type per argument: callers passed the
+    offsets as int literals, int64 or uint64, and each was another signature, the loops
+    compiled again (act_run and act_inplace had seven, ~10-15 s each on a cold cache)."""
+    _act_run_loops(dst, np.int64(d0), src, np.int64(s0), np.int64(n), np.float32(bo), np.int64(act),
+                   np.float64(alpha))
+
+
+@njit(cache=True, inline="always")
+def act_inplace(a, a0, n, bo, act, alpha):
+    """act_run on the same elements: a[a0 + i] = activation(a[a0 + i] + bo) (the same shim)."""
+    _act_inplace_loops(a, np.int64(a0), np.int64(n), np.float32(bo), np.int64(act), np.float64(alpha))
+
+
+# NOTE: contract (FMA contraction only, see jit.kernel): exp32's polynomial as FMAs ran SiLU at
+# 0.51 ns an element, 0.87 without; the results move by float32 rounding only
+@njit(cache=True, fastmath={"contract"})
+def _act_run_loops(dst, d0, src, s0, n, bo, act, alpha):
     _act_loops(dst, d0, src, s0, n, bo, act, alpha)
 
 
 @njit(cache=True, fastmath={"contract"})
-def act_inplace(a, a0, n, bo, act, alpha):
-    """act_run on the same elements: a[a0 + i] = activation(a[a0 + i] + bo).
-
-    NOTE: one array: given the same one twice, LLVM's runtime alias check sent the loops to
+def _act_inplace_loops(a, a0, n, bo, act, alpha):
+    """NOTE: one array: given the same one twice, LLVM's runtime alias check sent the loops to
     their scalar versions (SiLU on EfficientNet's depthwise outputs: 917 -> 398 us a layer)."""
     _act_loops(a, a0, a, a0, n, bo, act, alpha)
 
@@ -175,9 +186,9 @@ def bias_act_run(dst, src, n, bo, act, alpha):
             v = relu(src[i] + bo)
             dst[i] = hi if v > hi else v
     elif dst.ctypes.data == src.ctypes.data:
-        act_inplace(dst, np.int64(0), n, bo, act, alpha)
+        act_inplace(dst, 0, n, bo, act, alpha)
     else:
-        act_run(dst, np.int64(0), src, np.int64(0), n, bo, act, alpha)
+        act_run(dst, 0, src, 0, n, bo, act, alpha)
 
 
 @kernel
@@ -217,7 +228,7 @@ def bias_act_rows(out, y, b, act, alpha):
             if has_bias:
                 for j in range(o):
                     dst[j] = row[j] + b[j]
-                act_inplace(dst, np.int64(0), o, np.float32(0.0), act, alpha)
+                act_inplace(dst, 0, o, np.float32(0.0), act, alpha)
             else:
                 bias_act_run(dst, row, o, np.float32(0.0), act, alpha)
 
@@ -232,10 +243,9 @@ def unary(out, x, act, alpha):
     for t in prange(-(-m // _UNARY_BLOCK)):
         lo = t * _UNARY_BLOCK
         if out.ctypes.data == x.ctypes.data:
-            act_inplace(out, np.int64(lo), min(_UNARY_BLOCK, m - lo), np.float32(0.0), act, alpha)
+            act_inplace(out, lo, min(_UNARY_BLOCK, m - lo), np.float32(0.0), act, alpha)
         else:
-            act_run(out, np.int64(lo), x, np.int64(lo), min(_UNARY_BLOCK, m - lo), np.float32(0.0), act,
-                    alpha)
+            act_run(out, lo, x, lo, min(_UNARY_BLOCK, m - lo), np.float32(0.0), act, alpha)
 
 
 @kernel
@@ -638,7 +648,7 @@ def bias_act_pitch(out, y, pitch, istride, b, act, alpha):
         if whole and act not in (0, 1, 9):
             # NOTE: one act_run call a plane, not a row (MobileNetV3/EfficientNet's expand
             # convs: their hardswish/SiLU rows of 7-28 pixels ran in scalar remainders)
-            act_run(of, np.int64(r * ho * wo), yf, np.int64(oc * mp + bi * istride), ho * wo,
+            act_run(of, np.uint64(r * ho * wo), yf, np.uint64(oc * mp + bi * istride), ho * wo,
                     bo, act, alpha)
             continue
         for oh in range(ho):
@@ -659,7 +669,7 @@ def bias_act_pitch(out, y, pitch, istride, b, act, alpha):
                     v = relu(yf[src + np.uint64(ow)] + bo)
                     of[dst + np.uint64(ow)] = hi if v > hi else v
             else:
-                act_run(of, np.int64(dst), yf, np.int64(src), wo, bo, act, alpha)
+                act_run(of, dst, yf, src, wo, bo, act, alpha)
 
 
 @kernel

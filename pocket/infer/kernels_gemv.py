@@ -72,4 +72,4 @@ def gemv(y, w, x, b, act, alpha):
             v = _dot(w, r, x, i, k) + (b[r] if has_bias else np.float32(0.0))
             y[i, r] = relu(v) if act == 1 else v
         if act > 1:
-            act_inplace(yf, np.int64(i * o + r0), r1 - r0, np.float32(0.0), act, alpha)
+            act_inplace(yf, i * o + r0, r1 - r0, np.float32(0.0), act, alpha)

@@ -170,12 +170,12 @@ def pw_conv(out, x, w, b, act, alpha, acc):
                 _rows8(a, xf, xb, pn, m, w, o0, k_n)
                 for j in range(ROWS):
                     bo = b[o0 + j] if has_bias else np.float32(0.0)
-                    act_run(of, np.int64(ob + (o0 + j) * p_n), a, np.int64(j * PB), m, bo, act, alpha)
+                    act_run(of, ob + (o0 + j) * p_n, a, j * PB, m, bo, act, alpha)
                 o0 += ROWS
             for o in range(o0, o_n):
                 _row1(a, xf, xb, pn, m, w, o, k_n)
                 bo = b[o] if has_bias else np.float32(0.0)
-                act_run(of, np.int64(ob + o * p_n), a, np.int64(0), m, bo, act, alpha)
+                act_run(of, ob + o * p_n, a, 0, m, bo, act, alpha)
 
 
 @kernel(contract=True)

@@ -148,7 +148,7 @@ def rows_bias_act(y, b, act, alpha):
                     k = base + np.uint64(j)
                     yf[k] = yf[k] + b[j]
             if act != 0:
-                act_inplace(yf, np.int64(base), o, np.float32(0.0), act, alpha)
+                act_inplace(yf, base, o, np.float32(0.0), act, alpha)
 
 
 @njit(cache=True)
@@ -190,7 +190,7 @@ def linear_rows_small(y, x, wt, b, act, alpha):
             for j in range(o):
                 yf[yo + np.uint64(j)] = relu(yf[yo + np.uint64(j)])
         elif act != 0:
-            act_inplace(yf, np.int64(yo), o, np.float32(0.0), act, alpha)
+            act_inplace(yf, yo, o, np.float32(0.0), act, alpha)
 
 
 @kernel

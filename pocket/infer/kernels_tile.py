@@ -443,7 +443,7 @@ def gemm_act(c, w, x, b, scratch, act, alpha):
         cf, size = c.reshape(-1), c.size
         for part in prange(parts):
             lo, hi = part * size // parts, (part + 1) * size // parts
-            act_inplace(cf, np.int64(lo), hi - lo, np.float32(0.0), act, alpha)
+            act_inplace(cf, lo, hi - lo, np.float32(0.0), act, alpha)
 
 
 # a solo call runs these as one part (bound.solo): parts only split the (image, pixel block,
@@ -677,7 +677,7 @@ def gemm_phase(y, w, xq, wq, offs, b, cs, act, alpha):
         yf, size = y.reshape(-1), y.size
         for part in prange(parts):
             a0, a1 = part * size // parts, (part + 1) * size // parts
-            act_inplace(yf, np.int64(a0), a1 - a0, np.float32(0.0), act, alpha)
+            act_inplace(yf, a0, a1 - a0, np.float32(0.0), act, alpha)
 
 
 # --------------------------------------------------------------------------- int8
