@@ -122,6 +122,14 @@ def quantize_sequential(graph: Graph, params: dict, calib: np.ndarray):
     return g, qparams, quant
 
 
+def readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view of a, as the engine's weights are (mapped from the file, or prepared at
+    load: routes.base.prepared): given a writable one, Numba compiles a kernel once more."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 class FakeContainer:
     """Stands in for pocket.formats.container's reader where a test needs no file."""
 

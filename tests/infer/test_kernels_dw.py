@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from models import readonly
 
 from pocket.formats import quant as qm
 from pocket.formats import reference as ref
@@ -197,14 +198,6 @@ CASES_PADDED = {**CASES, "4x4-s1": (2, 7, 4, 4, (3, 3), (1, 1), (1, 1), (1, 1)),
                 "5x5-s2-w14": (2, 3, 14, 14, (5, 5), (2, 2), (2, 2), (1, 1))}
 
 
-def _ro(a):
-    """A read-only view of a, as the engine's weights are (routes.base.prepared): Numba compiles a
-    kernel once more for each readonly flag it is given."""
-    v = a.view()
-    v.flags.writeable = False
-    return v
-
-
 def _padded_scratch(case, parts, x_dtype, t_dtype, fill):
     n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
     a, t = kd.padded_sizes(h, wd, ho, wo, s[0], *p)
@@ -229,7 +222,7 @@ def test_dw_conv_padded_f32(name, act):
     for parts, fn in ((1, kd.dw_conv_padded.serial), (2, kd.dw_conv_padded)):
         xp, tmp = _padded_scratch(case, parts, np.float32, np.float32, np.nan)
         out = np.full((n, c, ho, wo), np.nan, np.float32)
-        fn(out, x, _ro(w), _ro(b), xp, tmp, s[0], *p, code, 6.0)
+        fn(out, x, readonly(w), readonly(b), xp, tmp, s[0], *p, code, 6.0)
         assert np.all(np.abs(out - twin) <= _f32_bound(x, w, b, s, p, d)), parts
 
 
@@ -248,7 +241,7 @@ def test_dw_conv_padded_f32_nan(name, act):
     xp, tmp = _padded_scratch(case, 1, np.float32, np.float32, 0.0)
     out = np.empty((n, c, ho, wo), np.float32)
     code = kf.ACT["clip" if act == "relu6" else act]
-    kd.dw_conv_padded.serial(out, x, _ro(w), _ro(b), xp, tmp, s[0], *p, code, 6.0)
+    kd.dw_conv_padded.serial(out, x, readonly(w), readonly(b), xp, tmp, s[0], *p, code, 6.0)
     attrs = _attrs(c, s, p, d, activation="clip", min=0.0, max=6.0) if act == "relu6" else _attrs(
         c, s, p, d, activation=act)
     want = ref.conv2d(attrs, x, w, b)
@@ -286,7 +279,8 @@ def test_dw_conv_padded_int8_exact(name, sums):
         xp, tmp = _padded_scratch(case, parts, x_dt, np.int8, 77)
         acc = np.full(tmp.shape, 2**31 - 1, acc_dt)
         out = np.empty((n, c, ho, wo), np.int8)
-        fn(out, x, _ro(w_q), _ro(b_q), xp, acc, tmp, m, 11, True, -5.0, (-5.0, 127.0, np.inf), True, s[0], *p)
+        fn(out, x, readonly(w_q), readonly(b_q), xp, acc, tmp, m, 11, True, -5.0, (-5.0, 127.0, np.inf), True,
+           s[0], *p)
         assert np.array_equal(out, twin), parts
 
 
@@ -488,7 +482,7 @@ def test_dw_conv_cl_q_exact(name, relu):
     for parts, fn in ((1, kc.dw_conv_cl_q.serial), (2, kc.dw_conv_cl_q), (3, kc.dw_conv_cl_q)):
         a, t = kc.scratch_sizes(c, h, wd, ho, wo, *p, parts)
         out = np.full((n, c, ho, wo), 99, np.int8)
-        fn(out, x, _ro(wt), _ro(bl), _ro(ml), np.full((parts, a), 77, np.int8),
+        fn(out, x, readonly(wt), readonly(bl), readonly(ml), np.full((parts, a), 77, np.int8),
            np.full((parts, t), 66, np.int8), x_zp, lo, hi, np.float32(y_zp), s[0], *p)
         assert np.array_equal(out, twin), parts
 
@@ -515,12 +509,12 @@ def test_dw_conv_cl_f32(name, act):
     twin = twin_act(naive_dw(x, w, s, p, d, 0.0) + b.astype(np.float64).reshape(1, -1, 1, 1))
     xp, tmp = _padded_scratch(case, 1, np.float32, np.float32, 0.0)
     planes = np.empty((n, c, ho, wo), np.float32)
-    kd.dw_conv_padded.serial(planes, x, _ro(w), _ro(b), xp, tmp, s[0], *p, code, 6.0)
+    kd.dw_conv_padded.serial(planes, x, readonly(w), readonly(b), xp, tmp, s[0], *p, code, 6.0)
     wt, bl = kc.prepare_f32(w, b)
     for parts, fn in ((1, kc.dw_conv_cl.serial), (2, kc.dw_conv_cl), (3, kc.dw_conv_cl)):
         a, t = kc.scratch_sizes_f32(c, h, wd, ho, wo, *p, parts)
         out = np.full((n, c, ho, wo), 7.0, np.float32)
-        fn(out, x, _ro(wt), _ro(bl), np.full((parts, a), np.nan, np.float32),
+        fn(out, x, readonly(wt), readonly(bl), np.full((parts, a), np.nan, np.float32),
            np.full((parts, t), np.nan, np.float32), s[0], *p, code, 6.0)  # (a Python float)
         np.testing.assert_allclose(out, twin, rtol=1e-4, atol=1e-4, equal_nan=True)
         assert np.array_equal(out, planes, equal_nan=True), parts

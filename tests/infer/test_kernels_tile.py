@@ -10,6 +10,7 @@ import pytest
 
 # the float64 activations and the int8 case of the pointwise kernels' tests (this directory is
 # on pytest's path: rootdir-relative imports, as test_route_fuzz's)
+from models import readonly
 from test_kernels_pw import _int8_case, _naive_act
 
 from pocket.formats import reference as ref
@@ -42,22 +43,15 @@ def _scratch(parts, k):
     return np.full((parts, kt.scratch_floats(k)), np.nan, np.float32)
 
 
-def _frozen(a):
-    """a, read-only as the engine's weights and biases are (routes.base.prepared): Numba
-    compiles a kernel once more for each readonly flag it is given."""
-    a.flags.writeable = False
-    return a
-
-
 def _packed(w, **kw):
-    return _frozen(kt.pack_weights(w, **kw))
+    return readonly(kt.pack_weights(w, **kw))
 
 
 def _case(name):
     n, o, k, p = SHAPES[name]
     x = RNG.standard_normal((n, k, p)).astype(np.float32)
     w = RNG.standard_normal((o, k)).astype(np.float32)
-    b = _frozen(RNG.standard_normal(o).astype(np.float32))
+    b = readonly(RNG.standard_normal(o).astype(np.float32))
     return x, w, b
 
 
@@ -91,12 +85,12 @@ def test_gemm_act_writes_only_its_output():
     w = RNG.standard_normal((o, k)).astype(np.float32)
     out2 = np.full((n, o, p), np.nan, np.float32)
     wt = _packed(w)
-    kt.gemm_act.serial(out2, wt, x, _frozen(np.zeros(o, np.float32)), _scratch(1, k), kf.ACT["none"], 0.0)
+    kt.gemm_act.serial(out2, wt, x, readonly(np.zeros(o, np.float32)), _scratch(1, k), kf.ACT["none"], 0.0)
     np.testing.assert_allclose(out2[0], w.astype(np.float64) @ x[0].astype(np.float64),
                                rtol=1e-5, atol=1e-5)
     flat = np.full(o * p + 40, 3.0, np.float32)
-    kt.gemm_act.serial(flat[:o * p].reshape(1, o, p), wt, x, _frozen(np.zeros(o, np.float32)), _scratch(1, k),
-                       kf.ACT["relu"], 0.0)
+    kt.gemm_act.serial(flat[:o * p].reshape(1, o, p), wt, x, readonly(np.zeros(o, np.float32)),
+                       _scratch(1, k), kf.ACT["relu"], 0.0)
     assert np.all(flat[o * p:] == 3.0)
 
 
@@ -108,7 +102,7 @@ def test_gemm_act_nan_input_and_relu():
     x[0, 3, 36] = np.nan  # in the tail
     w = RNG.standard_normal((o, k)).astype(np.float32)
     out = np.full((n, o, p), 7.0, np.float32)
-    kt.gemm_act.serial(out, _packed(w), x, _frozen(np.zeros(o, np.float32)), _scratch(1, k),
+    kt.gemm_act.serial(out, _packed(w), x, readonly(np.zeros(o, np.float32)), _scratch(1, k),
                        kf.ACT["relu"], 0.0)
     assert np.all(np.isnan(out[0, :, 5])) and np.all(np.isnan(out[0, :, 36]))
     keep = np.delete(np.arange(p), [5, 36])
@@ -138,7 +132,7 @@ def test_gemm_act_with_each_images_weights(name):
     n, k, p = x.shape
     o = w.shape[0]
     ws = RNG.standard_normal((n, o, k)).astype(np.float32)
-    packed = _frozen(np.stack([kt.pack_weights(wi) for wi in ws]))
+    packed = readonly(np.stack([kt.pack_weights(wi) for wi in ws]))
     one = np.full((n, o, p), np.nan, np.float32)
     kt.gemm_act.serial(one, packed, x, b, _scratch(1, k), kf.ACT["relu"], 0.0)
     w64, x64 = ws.astype(np.float64), x.astype(np.float64)
