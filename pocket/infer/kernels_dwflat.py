@@ -35,11 +35,12 @@ _F32 = ir.FloatType()
 _VF = ir.VectorType(_F32, VL)
 
 
-def _make_flat(kh: int, kw: int, stride: int, nv: int):
-    """The sums of `count` chunks of nv vectors from output t0 on, for fixed taps and stride."""
+def _make_flat(kh: int, kw: int, stride: int, nv: int, clamp: bool = False):
+    """The sums of `count` chunks of nv vectors from output t0 on, for fixed taps and stride;
+    with clamp, each sum put in [lo, hi] as it is stored (NaN passes: kernels_fp32.relu's rule)."""
 
     def codegen(context, builder, signature, args):
-        tmp, xp, w, bo, t0, count, pitch, plane = args
+        tmp, xp, w, bo, t0, count, pitch, plane = args[:8]
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF] * 3),
                                              f"llvm.fmuladd.v{VL}f32")
         vbo = _splat(builder, bo, _VF)
@@ -75,16 +76,30 @@ def _make_flat(kh: int, kw: int, stride: int, nv: int):
                     for v in range(nv)]
             ta = builder.add(tmp, at)
             for v in range(nv):
-                builder.store(accs[v], _ptr(builder, builder.add(ta, _const(4 * VL * v)), _VF),
-                              align=4)
+                t = accs[v]
+                if clamp:
+                    t = builder.select(builder.fcmp_ordered("<", t, vlo), vlo, t)
+                    t = builder.select(builder.fcmp_ordered(">", t, vhi), vhi, t)
+                builder.store(t, _ptr(builder, builder.add(ta, _const(4 * VL * v)), _VF), align=4)
             return []
 
+        if clamp:
+            vlo, vhi = _splat(builder, args[8], _VF), _splat(builder, args[9], _VF)
         _loop(builder, count, [], chunk)
         return context.get_dummy_value()
 
+    sig = (types.intp, types.intp, types.intp, types.float32, *[types.intp] * 4)
+
+    if clamp:
+        @intrinsic
+        def flat_clamped(typingctx, tmp, xp, w, bo, t0, count, pitch, plane, lo, hi):
+            return types.void(*sig, types.float32, types.float32), codegen
+
+        return flat_clamped
+
     @intrinsic
     def flat(typingctx, tmp, xp, w, bo, t0, count, pitch, plane):
-        return types.void(types.intp, types.intp, types.intp, types.float32, *[types.intp] * 4), codegen
+        return types.void(*sig), codegen
 
     return flat
 
@@ -95,6 +110,8 @@ _f3s1, _f3s1t = _FLAT[3, 1, 8], _FLAT[3, 1, 2]
 _f3s2, _f3s2t = _FLAT[3, 2, 8], _FLAT[3, 2, 2]
 _f5s1, _f5s1t = _FLAT[5, 1, 8], _FLAT[5, 1, 2]
 _f5s2, _f5s2t = _FLAT[5, 2, 8], _FLAT[5, 2, 2]
+# kernels_dw._direct_3x3's: the sums written to the output, ReLU or clip on the way
+_f3s1c, _f3s1tc = _make_flat(3, 3, 1, CHUNK // VL, True), _make_flat(3, 3, 1, TAIL // VL, True)
 
 
 @njit(cache=True, inline="always")

@@ -188,14 +188,21 @@ def test_dw_conv_int8_parallel_no_bias(name):
 # the geometries of the padded-plane kernels (kd.padded_fast), with small maps and odd sizes
 # (from pw = 2 the stride-1 rows share one padding: narrower than it, and ph != pw)
 PADDED = [name for name, case in CASES.items() if kd.padded_fast(*case[4], *case[5], *case[7])] + [
-    "4x4-s1", "s2-pad2-odd", "5x5-s1-narrow", "5x5-s1-ph1-pw2", "s2-w8", "5x5-s2-w14"]
+    "4x4-s1", "s2-pad2-odd", "5x5-s1-narrow", "5x5-s1-ph1-pw2", "s2-w8", "5x5-s2-w14",
+    "direct-narrowest", "direct-3-rows", "direct-30-rows"]
 CASES_PADDED = {**CASES, "4x4-s1": (2, 7, 4, 4, (3, 3), (1, 1), (1, 1), (1, 1)),
                 "s2-pad2-odd": (2, 3, 15, 13, (5, 5), (2, 2), (2, 2), (1, 1)),
                 "5x5-s1-narrow": (2, 3, 3, 1, (5, 5), (1, 1), (2, 2), (1, 1)),
                 "5x5-s1-ph1-pw2": (1, 2, 6, 9, (5, 5), (1, 1), (1, 2), (1, 1)),
                 # rows of 8-15 columns split 4 pairs a vector step (kd._split_quads)
                 "s2-w8": (1, 3, 8, 8, (3, 3), (2, 2), (1, 1), (1, 1)),
-                "5x5-s2-w14": (2, 3, 14, 14, (5, 5), (2, 2), (2, 2), (1, 1))}
+                "5x5-s2-w14": (2, 3, 14, 14, (5, 5), (2, 2), (2, 2), (1, 1)),
+                # 3x3 stride-1 planes padded by 1 from DIRECT_W columns on: no padded copy
+                # (kd._direct_3x3): the narrowest, the fewest rows (one inner row), a last
+                # flat run that ends in single outputs
+                "direct-narrowest": (2, 3, 24, kd.DIRECT_W, (3, 3), (1, 1), (1, 1), (1, 1)),
+                "direct-3-rows": (1, 2, 3, kd.DIRECT_W + 9, (3, 3), (1, 1), (1, 1), (1, 1)),
+                "direct-30-rows": (1, 2, 30, kd.DIRECT_W + 1, (3, 3), (1, 1), (1, 1), (1, 1))}
 
 
 def _padded_scratch(case, parts, x_dtype, t_dtype, fill):
@@ -226,7 +233,7 @@ def test_dw_conv_padded_f32(name, act):
         assert np.all(np.abs(out - twin) <= _f32_bound(x, w, b, s, p, d)), parts
 
 
-@pytest.mark.parametrize("name", ["s2-pad2-odd", "5x5-s1-narrow", "4x4-s1"])
+@pytest.mark.parametrize("name", ["s2-pad2-odd", "5x5-s1-narrow", "4x4-s1", "direct-30-rows"])
 @pytest.mark.parametrize("act", ["relu", "relu6"])
 def test_dw_conv_padded_f32_nan(name, act):
     """A NaN input pixel makes NaN exactly the outputs whose taps read it, through the
@@ -235,6 +242,7 @@ def test_dw_conv_padded_f32_nan(name, act):
     n, c, h, wd, k, s, p, d, ho, wo = _geom(case)
     x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
     x[0, 0, h // 2, 0] = np.nan
+    x[0, c - 1, h // 2, wd // 2] = np.nan  # an inner pixel (the flat loop's, direct or padded)
     x[-1, c - 1, h - 1, wd - 1] = np.nan
     w = RNG.standard_normal((c, 1, *k)).astype(np.float32)
     b = RNG.standard_normal(c).astype(np.float32)
