@@ -755,29 +755,15 @@ def _direct_3x3(of, ob, xf, xb, h, wd, wf, wb, bo, lo, hi):
     w6, w7, w8 = wf[wb + 6], wf[wb + 7], wf[wb + 8]
     last = (h - 1) * wd
     one = np.uint64(1)
+    n = np.uint64(wd)
     for ow in range(1, wd - 1):  # row 0: taps of rows 1 and 2; row H-1: of rows 0 and 1
-        u = np.uint64(xb + ow)
-        acc = bo + w3 * xf[u - one]
-        acc += w4 * xf[u]
-        acc += w5 * xf[u + one]
-        u += np.uint64(wd)
-        acc += w6 * xf[u - one]
-        acc += w7 * xf[u]
-        acc += w8 * xf[u + one]
+        acc = _two_rows(xf, np.uint64(xb + ow), n, bo, w3, w4, w5, w6, w7, w8)
         of[np.uint64(ob + ow)] = _within(acc, lo, hi)
-        v = np.uint64(xb + last - wd + ow)
-        acc = bo + w0 * xf[v - one]
-        acc += w1 * xf[v]
-        acc += w2 * xf[v + one]
-        v += np.uint64(wd)
-        acc += w3 * xf[v - one]
-        acc += w4 * xf[v]
-        acc += w5 * xf[v + one]
+        acc = _two_rows(xf, np.uint64(xb + last - wd + ow), n, bo, w0, w1, w2, w3, w4, w5)
         of[np.uint64(ob + last + ow)] = _within(acc, lo, hi)
     for oh in range(1, h - 1):  # the first and last columns of the inner rows: 6 taps each
         u = np.uint64(xb + (oh - 1) * wd)  # (oh - 1, 0)
         e = u + np.uint64(wd - 1)  # (oh - 1, W - 1)
-        n = np.uint64(wd)
         acc = bo + w1 * xf[u]
         acc += w2 * xf[u + one]
         acc += w4 * xf[u + n]
@@ -795,6 +781,20 @@ def _direct_3x3(of, ob, xf, xb, h, wd, wf, wb, bo, lo, hi):
     for oh in (0, h - 1):  # the corners
         for ow in (0, wd - 1):
             of[ob + oh * wd + ow] = _within(_dw3_out(xf, xb, h, wd, oh, ow, wf, wb, bo), lo, hi)
+
+
+@njit(cache=True, inline="always")
+def _two_rows(xf, u, n, bo, k0, k1, k2, k3, k4, k5):
+    """bo, then k0..k2 times the floats at u - 1, u, u + 1, then k3..k5 times those a row of
+    n on: a first or last row's output of _direct_3x3 (its taps in (i, j) order)."""
+    one = np.uint64(1)
+    acc = bo + k0 * xf[u - one]
+    acc += k1 * xf[u]
+    acc += k2 * xf[u + one]
+    acc += k3 * xf[u + n - one]
+    acc += k4 * xf[u + n]
+    acc += k5 * xf[u + n + one]
+    return acc
 
 
 @njit(cache=True, inline="always")
