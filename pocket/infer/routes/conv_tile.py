@@ -197,10 +197,10 @@ class ConvTilePhase(Route):
         geo = d["geo"]
         hq, wq = kq.phase_shape(geo.h, geo.w, geo.ph, geo.pw)
         per = 4 * geo.c * hq * wq
-        act, alpha = _act_code(node.attrs), _act_alpha(node.attrs)
+        rest, hard = kt.clamp_of(_act_code(node.attrs), _act_alpha(node.attrs))[2:]
         d.update(hq=hq, wq=wq, per=per, offs=kq.phase_offsets(geo.c, geo.kh, geo.kw, hq, wq),
                  w2=d["w"].reshape(d["o"], d["k"]), parts=max(1, ctx.threads),
-                 act_rest=bool(kt.clamp_of(act, alpha)[2] or kt.clamp_of(act, alpha)[3]))
+                 act_rest=bool(rest or hard))
         d["phases_bytes"] = _aligned((per + kt.phase_slack(wq)) * 4)
         # (room for gemm_phase_pool's rings: the largest pool it fuses, 3x3 padded by 1)
         ring = ktp.ring_floats(d["o"], geo.wo, geo.wo // 2 + 1, 3, 3, 1)
