@@ -61,14 +61,17 @@ def cpu_report(cpuinfo_text: str | None = None, machine: str | None = None) -> d
 
 def engine_report() -> dict:
     """The route families the engine's planner will pick on this host (see infer/engine.py)."""
-    from pocket.infer import kernels_fma, kernels_sdot, kernels_tile, kernels_vnni
+    from pocket.infer import kernels_fma, kernels_sdot, kernels_smull, kernels_tile, kernels_vnni
 
-    int8 = "vnni" if kernels_vnni.AVAILABLE else "sdot" if kernels_sdot.AVAILABLE else "portable"
+    int8 = ("vnni" if kernels_vnni.AVAILABLE else "sdot" if kernels_sdot.AVAILABLE else
+            "smull" if kernels_smull.AVAILABLE else "portable")
     fp32 = "avx512-fma" if kernels_fma.AVAILABLE else "blas"
     return {"int8_route": int8, "fp32_route": fp32,
             "int8_detail": ("AVX-512 VNNI vpdpbusd kernels" if int8 == "vnni" else
                             "ARM dotprod sdot kernels (convs of groups 1, linears), portable ones elsewhere"
                             if int8 == "sdot" else
+                            "ARM NEON smull/sadalp kernels (convs of groups 1), portable ones elsewhere"
+                            if int8 == "smull" else
                             "float32 BLAS GEMMs of the int8 codes and portable Numba kernels"),
             "fp32_detail": ("AVX-512 FMA GEMM tiles" if fp32 == "avx512-fma" else
                             "portable GEMM tiles (1x1 and small convs), NumPy's BLAS GEMMs and "

@@ -68,7 +68,7 @@ def test_json_has_every_documented_field(model_bin, tmp_path):
     for f in fields:
         _get(report, f)
     assert isinstance(report["advice"], list)
-    assert report["engine"]["int8_route"] in ("vnni", "sdot", "portable")
+    assert report["engine"]["int8_route"] in ("vnni", "sdot", "smull", "portable")
     assert report["engine"]["fp32_route"] in ("avx512-fma", "blas")
     m = report["model"]
     assert m["loads"] and m["runs_here"] and m["ops"] == ["linear"] and m["input_shape"] == [4]

@@ -193,6 +193,52 @@ _F32, _F64 = ir.FloatType(), ir.DoubleType()
 _VF4, _VD4 = ir.VectorType(_F32, 4), ir.VectorType(_F64, 4)
 
 
+def _concat(builder, vs: list):
+    """One vector of vs's lanes in order (len(vs) a power of two)."""
+    while len(vs) > 1:
+        n = 2 * vs[0].type.count
+        vs = [builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
+              for a, b in zip(vs[::2], vs[1::2])]
+    return vs[0]
+
+
+def requant_rows(builder, final, rows, dst, ldo, m, lo, hi, zp, codes: bool):
+    """The fused tiles' epilogue (see _make_tile_q): final[r] holds row r's int32 sums as int32x4
+    vectors of 4 pixels each (the same count a row), stored for r < rows at dst + r * ldo."""
+    mod = builder.module
+    f2 = ir.FunctionType(_VF4, [_VF4, _VF4])
+    vmax = cgutils.get_or_insert_function(mod, f2, "llvm.maxnum.v4f32")
+    vmin = cgutils.get_or_insert_function(mod, f2, "llvm.minnum.v4f32")
+    cvtn = cgutils.get_or_insert_function(mod, ir.FunctionType(_V4, [_VF4]),
+                                          "llvm.aarch64.neon.fcvtns.v4i32.v4f32")
+    nv = len(final[0])
+    vlo, vhi = (_vsplat(builder, v, _VF4) for v in (lo, hi))
+    vb = ir.VectorType(_I8, 4 * nv)
+    izp = _vsplat(builder, builder.fptosi(zp, _I8), vb)
+    for r in range(len(final)):
+        with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+            at = builder.add(dst, builder.mul(_const(r), ldo))
+            if not codes:
+                md = _vsplat(builder, builder.load(_ptr(builder, builder.add(
+                    m, _const(8 * r)), _F64), align=8), _VD4)
+                for v in range(nv):
+                    f = builder.fptrunc(builder.fmul(builder.sitofp(final[r][v], _VD4), md), _VF4)
+                    f = builder.call(vmin, [builder.call(vmax, [f, vlo]), vhi])
+                    builder.store(f, _ptr(builder, builder.add(at, _const(16 * v)), _VF4), align=4)
+                continue
+            mv = _vsplat(builder, builder.load(_ptr(builder, builder.add(
+                m, _const(4 * r)), _F32), align=4), _VF4)
+            q = []
+            for v in range(nv):
+                f = builder.fmul(builder.sitofp(final[r][v], _VF4), mv)
+                # rint by fcvtns: |f| <= 255 after the clamp (kernels_dwcl's NOTE)
+                q.append(builder.call(cvtn, [builder.call(vmin, [builder.call(
+                    vmax, [f, vlo]), vhi])]))
+            # + y_zp as int8: the code is in [-128, 127], so the wrap-around is exact
+            codes_ = builder.add(builder.trunc(_concat(builder, q), vb), izp)
+            builder.store(codes_, _ptr(builder, at, vb), align=1)
+
+
 def _make_tile_q(codes: bool):
     """_tile's sums over all of K (n4 words) from badj, then an epilogue in registers, for
     r < rows, row r at dst + r * ldo (bytes). badj (int32) and m are the addresses of the
@@ -206,14 +252,8 @@ def _make_tile_q(codes: bool):
 
     def codegen(context, builder, signature, args):
         w, ldw, xp, ldx, dst, ldo, n4, rows, badj, m, lo, hi, zp = args
-        mod = builder.module
-        sdot = cgutils.get_or_insert_function(mod, ir.FunctionType(_V4, [_V4, _B16, _B16]),
+        sdot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V4, [_V4, _B16, _B16]),
                                               "llvm.aarch64.neon.sdot.v4i32.v16i8")
-        f2 = ir.FunctionType(_VF4, [_VF4, _VF4])
-        vmax = cgutils.get_or_insert_function(mod, f2, "llvm.maxnum.v4f32")
-        vmin = cgutils.get_or_insert_function(mod, f2, "llvm.minnum.v4f32")
-        cvtn = cgutils.get_or_insert_function(mod, ir.FunctionType(_V4, [_VF4]),
-                                              "llvm.aarch64.neon.fcvtns.v4i32.v4f32")
         step = _sdot_step(builder, sdot, [_row_at(builder, w, r, rows, ldw) for r in range(TILE_O)],
                           xp, ldx)
 
@@ -221,34 +261,8 @@ def _make_tile_q(codes: bool):
         starts = [_vsplat(builder, builder.load(_ptr(builder, _row_at(builder, badj, r, rows, _const(4)),
                                                      _I32), align=4), _V4) for r in range(TILE_O)]
         final = _loop(builder, n4, [starts[r] for r in range(TILE_O) for _ in range(4)], step)
-        vlo, vhi = (_vsplat(builder, v, _VF4) for v in (lo, hi))
-        izp = _vsplat(builder, builder.fptosi(zp, _I8), _B16)
-        for r in range(TILE_O):
-            with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
-                at = builder.add(dst, builder.mul(_const(r), ldo))
-                if not codes:
-                    md = _vsplat(builder, builder.load(_ptr(builder, builder.add(
-                        m, _const(8 * r)), _F64), align=8), _VD4)
-                    for v in range(4):
-                        f = builder.fptrunc(builder.fmul(builder.sitofp(final[r * 4 + v], _VD4), md), _VF4)
-                        f = builder.call(vmin, [builder.call(vmax, [f, vlo]), vhi])
-                        builder.store(f, _ptr(builder, builder.add(at, _const(16 * v)), _VF4), align=4)
-                    continue
-                mv = _vsplat(builder, builder.load(_ptr(builder, builder.add(
-                    m, _const(4 * r)), _F32), align=4), _VF4)
-                q = []
-                for v in range(4):
-                    f = builder.fmul(builder.sitofp(final[r * 4 + v], _VF4), mv)
-                    # rint by fcvtns: |f| <= 255 after the clamp (kernels_dwcl's NOTE)
-                    q.append(builder.call(cvtn, [builder.call(vmin, [builder.call(
-                        vmax, [f, vlo]), vhi])]))
-                v8 = ir.Constant(ir.VectorType(_I32, 8), list(range(8)))
-                i32 = builder.shuffle_vector(builder.shuffle_vector(q[0], q[1], v8),
-                                             builder.shuffle_vector(q[2], q[3], v8),
-                                             ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
-                # + y_zp as int8: the code is in [-128, 127], so the wrap-around is exact
-                codes_ = builder.add(builder.trunc(i32, _B16), izp)
-                builder.store(codes_, _ptr(builder, at, _B16), align=1)
+        requant_rows(builder, [final[r * 4:r * 4 + 4] for r in range(TILE_O)], rows, dst, ldo, m,
+                     lo, hi, zp, codes)
         return context.get_dummy_value()
 
     @intrinsic

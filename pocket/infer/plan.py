@@ -30,20 +30,22 @@ class EngineError(PocketError):
 @dataclass(frozen=True)
 class Cpu:
     """The kernel families this machine runs: kernels_fma (AVX-512 fp32), kernels_vnni
-    (AVX-512 VNNI int8) and kernels_sdot (ARM dotprod int8 convs); without them, the
-    portable kernels and BLAS (what the Pi 4 runs)."""
+    (AVX-512 VNNI int8), kernels_sdot (ARM dotprod int8 convs) and kernels_smull (int8 convs
+    on 64-bit ARM without dotprod, the Pi 4); without them, the portable kernels and BLAS."""
 
     fma: bool
     vnni: bool
     sdot: bool = False
+    smull: bool = False
 
     @staticmethod
     def host() -> Cpu:
         from pocket.infer import kernels_fma as kfma
         from pocket.infer import kernels_sdot as ks
+        from pocket.infer import kernels_smull as km
         from pocket.infer import kernels_vnni as kv
 
-        return Cpu(fma=kfma.AVAILABLE, vnni=kv.AVAILABLE, sdot=ks.AVAILABLE)
+        return Cpu(fma=kfma.AVAILABLE, vnni=kv.AVAILABLE, sdot=ks.AVAILABLE, smull=km.AVAILABLE)
 
 
 @dataclass

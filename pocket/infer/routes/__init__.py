@@ -57,7 +57,8 @@ from pocket.infer.routes.base import ROUTES, Route, dtype_of, geometry_of
 # Winograd, the pitch routes, and the im2col routes any conv runs.
 TABLE: dict[str, tuple[Route, ...]] = {op: tuple(ROUTES[r] for r in names) for op, names in {
     "conv2d": ("conv_fma_depthwise", "conv_depthwise", "conv_depthwise_int8", "conv_direct",
-               "conv_vnni_quad", "conv_vnni", "conv_sdot", "conv_sdot_taps", "conv_pw_int8", "conv_tile_q",
+               "conv_vnni_quad", "conv_vnni", "conv_sdot", "conv_sdot_taps", "conv_smull",
+               "conv_smull_taps", "conv_pw_int8", "conv_tile_q",
                "conv_tile_q_cols", "conv_int8_blas",
                "conv_int8_im2row", "conv_winograd_fused", "conv_winograd",
                "conv_fma_1x1", "conv_fma_pitch", "conv_fma_phase", "conv_fma_cols", "conv_tile_phase",

@@ -12,6 +12,7 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_sdot as ks
+from pocket.infer import kernels_smull as km
 from pocket.infer import kernels_vnni as kv
 from pocket.infer import lowering_common as lc
 from pocket.infer.lowering_common import _aligned, _int8_consts
@@ -33,6 +34,14 @@ def sdot_limit(dtype, cpu) -> str | None:
     """Why an sdot route cannot run here, or None (the CPU and dtype half of `limits`)."""
     if not cpu.sdot:
         return "needs the ARM dot product extension (kernels_sdot; off with POCKET_INT8_SDOT=0)"
+    return "int8 only" if dtype != "i8" else None
+
+
+def smull_limit(dtype, cpu) -> str | None:
+    """sdot_limit for the smull routes (kernels_smull: 64-bit ARM without dotprod)."""
+    if not cpu.smull:
+        return ("needs 64-bit ARM without the dot product extension (kernels_smull; off with "
+                "POCKET_INT8_SMULL=0)")
     return "int8 only" if dtype != "i8" else None
 
 
@@ -70,9 +79,17 @@ def _float_fusable(d: dict) -> bool:
 @register
 class ConvSdot(Route):
     name, op = "conv_sdot", "conv2d"
+    kern = ks  # the GEMMs (gemm, gemm_q, fused); kernels_smull's for ConvSmull
+
+    def gemm_extra(self, w: np.ndarray) -> tuple:
+        """The GEMMs' arguments after kernels_sdot's, for weights w."""
+        return ()
+
+    def cpu_limit(self, dtype, cpu) -> str | None:
+        return sdot_limit(dtype, cpu)
 
     def limits(self, geo, dtype, cpu):
-        why = sdot_limit(dtype, cpu)
+        why = self.cpu_limit(dtype, cpu)
         if why:
             return why
         if geo.groups != 1 or (geo.kh, geo.kw, geo.ph, geo.pw) != (1, 1, 0, 0):
@@ -95,7 +112,8 @@ class ConvSdot(Route):
         # K % 4 != 0: the weights padded to whole words, once (routes.base.prepared)
         w4 = d["w2"] if d["k"] % 4 == 0 else prepared(d, "w_pad", lambda: _pad_weights(d["w2"], k4))
         epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
-        fused = ks.fused(k4, p) and (d["to_int8"] or _float_fusable(d))
+        extra = self.gemm_extra(d["w"])
+        fused = self.kern.fused(k4, p) and (d["to_int8"] or _float_fusable(d))
         if fused:
             badj = prepared(d, "badj32", lambda: d["bias_adj"].astype(np.int32))
             if d["to_int8"]:
@@ -112,9 +130,24 @@ class ConvSdot(Route):
             xp, c = chunk_scratch(ctx, step, d, m)
             calls.append(partial(ks.pack_1x1, xp.view(np.int8), x[start:start + m], sh, sw))
             if fused:
-                calls.append(partial(ks.gemm_q, y[start:start + m], w4, xp, badj, mq, p, lo, hi, zp))
+                calls.append(partial(self.kern.gemm_q, y[start:start + m], w4, xp, badj, mq, p, lo, hi,
+                                     zp, *extra))
                 continue
-            calls += [partial(ks.gemm, c, w4, xp),
+            calls += [partial(self.kern.gemm, c, w4, xp, *extra),
                       partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32),
                               y.shape[3], p, *epi)]
         return calls
+
+
+@register
+class ConvSmull(ConvSdot):
+    """conv_sdot on kernels_smull: the Pi 4's A72 (no dotprod), the same operands."""
+
+    name = "conv_smull"
+    kern = km
+
+    def gemm_extra(self, w):
+        return (km.pairs_ok(w),)
+
+    def cpu_limit(self, dtype, cpu):
+        return smull_limit(dtype, cpu)

@@ -13,10 +13,18 @@ from functools import partial
 import numpy as np
 
 from pocket.infer import kernels_sdot as ks
+from pocket.infer import kernels_smull as km
 from pocket.infer import kernels_vnni as kv
 from pocket.infer.lowering_common import _int8_consts
 from pocket.infer.routes.base import Route, conv_prep, prepared, register
-from pocket.infer.routes.conv_sdot import chunk_scratch, plan_chunks, sdot_limit
+from pocket.infer.routes.conv_sdot import (
+    ConvSdot,
+    ConvSmull,
+    chunk_scratch,
+    plan_chunks,
+    sdot_limit,
+    smull_limit,
+)
 
 
 def taps_k4(geo) -> int:
@@ -34,9 +42,16 @@ def _weights(w: np.ndarray, k4: int) -> np.ndarray:
 class ConvSdotTaps(Route):
     name, op = "conv_sdot_taps", "conv2d"
     fuses_pool = True
+    kern = ks  # the GEMM; kernels_smull's for ConvSmullTaps
+
+    def gemm_extra(self, w: np.ndarray) -> tuple:
+        return ConvSdot.gemm_extra(self, w)
+
+    def cpu_limit(self, dtype, cpu) -> str | None:
+        return sdot_limit(dtype, cpu)
 
     def limits(self, geo, dtype, cpu):
-        why = sdot_limit(dtype, cpu)
+        why = self.cpu_limit(dtype, cpu)
         if why:
             return why
         if geo.groups != 1:
@@ -61,14 +76,29 @@ class ConvSdotTaps(Route):
         wt = prepared(d, "w_taps", lambda: _weights(d["w"], k4))
         epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
         zp = node.attrs["x_zero_point"]
+        extra = self.gemm_extra(d["w"])
         calls = []
         for start in range(0, n, d["chunk"]):
             m = min(d["chunk"], n - start)
             xp, c = chunk_scratch(ctx, step, d, m)
             calls += [partial(ks.pack_taps, xp.view(np.int8), x[start:start + m], *d["geom"], zp),
-                      partial(ks.gemm, c, wt, xp),
+                      partial(self.kern.gemm, c, wt, xp, *extra),
                       partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32), wo, p, *epi)
                       if pool is None else
                       partial(kv.requant_cols_pool, pool[start:start + m], c, c.view(np.float32), ho, wo,
                               p, *pool_geom, *epi)]
         return calls
+
+
+@register
+class ConvSmullTaps(ConvSdotTaps):
+    """conv_sdot_taps on kernels_smull: the Pi 4's A72 (no dotprod), the same operands."""
+
+    name = "conv_smull_taps"
+    kern = km
+
+    def gemm_extra(self, w):
+        return ConvSmull.gemm_extra(self, w)
+
+    def cpu_limit(self, dtype, cpu):
+        return smull_limit(dtype, cpu)

@@ -1,0 +1,215 @@
+"""kernels_smull and routes conv_smull, conv_smull_taps (int8 convs on 64-bit ARM without
+dotprod: the Pi 4's Cortex-A72): the CPU gate, the routes' limits and order, both routes end to
+end on any CPU with a NumPy twin of the GEMMs in their place, and where the CPU runs them
+(`../shared/tools/arm64-env python -m pytest -p no:cacheprovider` this file, PI=pi4, with
+pytest in the root) the smull GEMMs against NumPy, with and without two products an int16
+lane, -128 weights included, and the routes against formats/reference.py and their portable
+twin conv_int8_blas, bit for bit. The packing and weight layouts are kernels_sdot's (tested in
+test_sdot_kernels)."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+from test_sdot_kernels import TAPS_CASES, _conv, _conv1x1, _gemm_twin  # noqa: F401
+
+from pocket.formats import reference as ref
+from pocket.infer import kernels_sdot as ks
+from pocket.infer import kernels_smull as km
+from pocket.infer import routes
+from pocket.infer.plan import Cpu
+from pocket.infer.routes.base import ConvGeometry
+
+RNG = np.random.default_rng(29)
+needs_smull = pytest.mark.skipif(not km.AVAILABLE, reason="not 64-bit ARM without dotprod")
+A72 = Cpu(False, False, smull=True)
+
+
+def test_the_gate():
+    """Off on anything but 64-bit ARM, never beside sdot, and off by the switch everywhere."""
+    if platform.machine().lower() not in ("aarch64", "arm64"):
+        assert not km.has_smull() and not km.AVAILABLE
+    assert not (km.AVAILABLE and ks.AVAILABLE)
+    assert Cpu.host().smull == km.AVAILABLE
+
+
+def test_the_switch(monkeypatch):
+    monkeypatch.setenv("POCKET_INT8_SMULL", "0")
+    assert not km.has_smull()
+
+
+def test_pairs_ok():
+    """Two products share an int16 lane only without a -128 weight: 2 * 128 * 127 < 2**15."""
+    assert 2 * 128 * 127 < 2**15 <= 2 * 128 * 128
+    w = RNG.integers(-127, 128, (4, 8)).astype(np.int8)
+    assert km.pairs_ok(w) == 1
+    w[2, 5] = -128
+    assert km.pairs_ok(w) == 0
+    assert km.pairs_ok(np.zeros((0, 4), np.int8)) == 1
+
+
+def test_the_route_limits():
+    one = ConvGeometry(8, 5, 5, 4, 1, 1, 2, 2, 0, 0, 1, 1, 1)
+    r, taps = routes.ROUTES["conv_smull"], routes.ROUTES["conv_smull_taps"]
+    assert r.eligible(one, "i8", A72) and taps.eligible(one, "i8", A72)
+    for route in (r, taps):
+        assert "without the dot product" in route.limits(one, "i8", Cpu(False, False))
+        assert "without the dot product" in route.limits(one, "i8", Cpu(False, False, True))
+        assert route.limits(one, "f32", A72) == "int8 only"
+    three = ConvGeometry(8, 5, 5, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1)
+    assert not r.eligible(three, "i8", A72) and taps.eligible(three, "i8", A72)
+    assert taps.limits(ConvGeometry(8, 5, 5, 8, 3, 3, 1, 1, 1, 1, 1, 1, 2), "i8", A72) == "groups 1 only"
+    names = [t.name for t in routes.TABLE["conv2d"]]
+    # ahead of the portable twin, so the A72 takes them; behind sdot (never both eligible)
+    assert names.index("conv_sdot_taps") < names.index("conv_smull") < names.index("conv_smull_taps")
+    assert names.index("conv_smull_taps") < names.index("conv_int8_blas")
+
+
+def _gemm_q_twin(out, w, xp, badj, m, p, lo, hi, zp, pairs):
+    """NumPy: kernels_smull.gemm_q (kernels_int8's epilogue on the exact sums)."""
+    o = w.shape[0]
+    c = np.empty((o, xp.shape[1]), np.int64)
+    _gemm_twin(c, w, xp)
+    n = out.shape[0]
+    acc = (c[:, :n * p] + badj[:, None]).reshape(o, n, p).transpose(1, 0, 2)
+    if out.dtype == np.int8:
+        v = np.clip(acc.astype(np.float32) * m[:, None], lo, hi)
+        out.reshape(n, o, p)[:] = (np.rint(v) + zp).astype(np.int8)
+    else:
+        out.reshape(n, o, p)[:] = np.clip((acc * m[:, None]).astype(np.float32), lo, hi)
+
+
+def _with_twins(monkeypatch):
+    """The engine told it runs on an A72, kernels_smull's GEMMs replaced by NumPy twins."""
+    from pocket.infer import plan
+
+    monkeypatch.setattr(plan.Cpu, "host", staticmethod(lambda: A72))
+    monkeypatch.setattr(km, "gemm", lambda c, w, xp, pairs: _gemm_twin(c, w, xp))
+    monkeypatch.setattr(km, "gemm_q", _gemm_q_twin)
+
+
+@pytest.mark.parametrize("n,c,o,hw,stride,float_out", [
+    (1, 16, 24, (7, 5), 1, False), (3, 6, 5, (6, 6), 2, False), (2, 96, 16, (4, 4), 1, False),
+    (2, 24, 13, (8, 8), 1, True), (1, 7, 6, (8, 4), 2, True)])
+def test_route_with_numpy_gemms(n, c, o, hw, stride, float_out, monkeypatch):
+    """conv_smull end to end on any CPU: its operands, its choice of gemm_q (maps of whole
+    8-pixel tiles) or gemm + requant_cols, against formats/reference.py bit for bit."""
+    from models import FakeContainer
+
+    from pocket.infer.engine import Engine
+
+    g, params, quant, x = _conv1x1(n, c, o, hw, stride, float_out)
+    want = ref.run(g, params, x, quant)["y"]
+    _with_twins(monkeypatch)
+    monkeypatch.setenv("POCKET_ROUTE", "conv_smull")
+    with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
+        got = eng.run(x, copy=True)
+        assert eng.routes()[0]["route"] == "conv_smull"
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("n,c,o,hw,geom,pool,to_f32", [
+    (1, 16, 24, (7, 5), (3, 3, 1, 1, 1, 1, 1, 1), False, False),
+    (3, 3, 8, (11, 10), (7, 7, 2, 2, 3, 3, 1, 1), False, False),
+    (2, 8, 5, (8, 8), (3, 3, 1, 1, 1, 1, 1, 1), True, False),
+    (2, 6, 7, (9, 7), (3, 3, 2, 2, 1, 1, 1, 1), False, True)])
+def test_taps_route_with_a_numpy_gemm(n, c, o, hw, geom, pool, to_f32, monkeypatch):
+    from models import FakeContainer
+
+    from pocket.infer.engine import Engine
+
+    g, params, quant, x, out = _conv(n, c, o, hw, geom, pool, to_f32)
+    want = ref.run(g, params, x, quant)[out]
+    _with_twins(monkeypatch)
+    monkeypatch.setenv("POCKET_ROUTE", "conv_smull_taps")
+    with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
+        got = eng.run(x, copy=True)
+        assert eng.routes()[0]["route"] == "conv_smull_taps"
+    np.testing.assert_array_equal(got, want)
+
+
+# ----------------------------------------------------------------- on 64-bit ARM without sdot
+
+
+@needs_smull
+@pytest.mark.parametrize("o,k4,mp", [(5, 3, 16), (17, 300, 48), (4, 1, 8), (9, 513, 24)])
+@pytest.mark.parametrize("wmin", [-127, -128])
+def test_gemm(o, k4, mp, wmin):
+    """The tiles against an int64 NumPy product: channel tails, odd K4 (a single step after the
+    pairs), K past one block; one word a step (pairs 0) always, pairs where the weights allow;
+    extreme operands (x -128 against w -127: the largest pair an int16 lane holds)."""
+    w = RNG.integers(wmin, 128, (o, 4 * k4)).astype(np.int8)
+    w[0, :] = wmin
+    xb = RNG.integers(-128, 128, (k4, 4 * mp)).astype(np.int8)
+    xb[:, :8] = -128
+    want = w.astype(np.int64) @ xb.reshape(k4, mp, 4).transpose(0, 2, 1).reshape(4 * k4, mp)
+    for pairs in {0, km.pairs_ok(w)}:
+        c = np.full((o, mp), 7, np.int32)
+        km.gemm(c, w, xb.view(np.uint32), pairs)
+        np.testing.assert_array_equal(c, want)
+    assert km.pairs_ok(w) == (wmin > -128)
+
+
+@needs_smull
+@pytest.mark.parametrize("n,o,k4,p", [(1, 5, 3, 8), (2, 17, 20, 64), (3, 4, 1, 16)])
+@pytest.mark.parametrize("codes", [True, False])
+def test_gemm_q(n, o, k4, p, codes):
+    w = RNG.integers(-127, 128, (o, 4 * k4)).astype(np.int8)
+    xb = RNG.integers(-128, 128, (k4, 4 * n * p)).astype(np.int8)
+    badj = RNG.integers(-300000, 300000, o).astype(np.int32)
+    if codes:
+        m, zp = (RNG.random(o) * 2e-4).astype(np.float32), np.float32(-5)
+        args = (badj, m, p, np.float32(-128) - zp, np.float32(127) - zp, zp)
+    else:
+        args = (badj, RNG.random(o) * 1e-5, p, np.float32(0), np.float32(6), np.float32(0))
+    dt = np.int8 if codes else np.float32
+    want, got = np.zeros((n, o, p), dt), np.full((n, o, p), 99, dt)
+    _gemm_q_twin(want, w, xb.view(np.uint32), *args, 1)
+    km.gemm_q(got, w, xb.view(np.uint32), *args, 1)
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_smull
+@pytest.mark.parametrize("n,c,o,hw,stride,float_out", [
+    (1, 16, 24, (7, 5), 1, False), (3, 6, 5, (6, 6), 2, False), (2, 96, 16, (4, 4), 1, False),
+    (2, 24, 13, (8, 8), 1, True)])
+def test_route_against_the_reference_and_its_twin(n, c, o, hw, stride, float_out, monkeypatch):
+    from models import FakeContainer
+
+    from pocket.infer.engine import Engine
+
+    g, params, quant, x = _conv1x1(n, c, o, hw, stride, float_out)
+    want = ref.run(g, params, x, quant)["y"]
+    got = {}
+    for route in ("conv_smull", "conv_int8_blas"):
+        monkeypatch.setenv("POCKET_ROUTE", route)
+        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
+            got[route] = eng.run(x, copy=True)
+            assert eng.routes()[0]["route"] == route
+    np.testing.assert_array_equal(got["conv_smull"], want)
+    np.testing.assert_array_equal(got["conv_smull"], got["conv_int8_blas"])
+
+
+@needs_smull
+@pytest.mark.parametrize("n,c,o,hw,geom,pool", [
+    (1, 16, 24, (7, 5), (3, 3, 1, 1, 1, 1, 1, 1), False),
+    (2, 3, 8, (11, 10), (7, 7, 2, 2, 3, 3, 1, 1), False),
+    (2, 8, 5, (8, 8), (3, 3, 1, 1, 1, 1, 1, 1), True),
+    (1, 64, 20, (6, 6), (3, 3, 2, 2, 1, 1, 1, 1), False)])
+def test_taps_route_against_the_reference_and_its_twin(n, c, o, hw, geom, pool, monkeypatch):
+    from models import FakeContainer
+
+    from pocket.infer.engine import Engine
+
+    g, params, quant, x, out = _conv(n, c, o, hw, geom, pool)
+    want = ref.run(g, params, x, quant)[out]
+    got = {}
+    for route in ("conv_smull_taps", "conv_int8_blas"):
+        monkeypatch.setenv("POCKET_ROUTE", route)
+        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
+            got[route] = eng.run(x, copy=True)
+            assert eng.routes()[0]["route"] == route
+    np.testing.assert_array_equal(got["conv_smull_taps"], want)
+    np.testing.assert_array_equal(got["conv_smull_taps"], got["conv_int8_blas"])
