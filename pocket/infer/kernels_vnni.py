@@ -699,48 +699,6 @@ def requant_cols(out, c, cf, pitch, istride, bias, m, to_int8, y_zp, lo, relu):
 
 
 @kernel
-def requant_cols_pool(out, c, cf, hc, pitch, istride, kh, kw, sh, sw, bias, m, to_int8, y_zp, lo, relu):
-    """`requant_cols` with a fused unpadded maxpool: image b's hc conv rows of `pitch` columns
-    from column b*istride -> out (N, O, Ho, Wo), the epilogue of the max over each kh x kw window (exact: the
-    epilogue is non-decreasing in the sum, see kernels_int8.requant_sum_pool). Overwrites c.
-
-    NOTE: per channel, the window maxima are written in place, compacted to the row's start
-    (output (b, t) at column b*Ho*Wo + t: every later window lies at or past its own output's
-    column, which is past every column written so far); then one long epilogue loop over them
-    and a copy of whole planes. Inside rows of Wo (2-14) the epilogue ran mostly in scalar
-    loop tails."""
-    n, o, ho, wo = out.shape
-    w1 = np.uint64(pitch)
-    one = np.uint64(1)
-    ldc = c.shape[1]
-    of, cflat, fflat = out.reshape(-1), c.reshape(-1), cf.reshape(-1)
-    for oc in prange(o):
-        row = np.uint64(oc * ldc)
-        for b in range(n):
-            plane = row + np.uint64(b * istride)
-            for oh in range(ho):
-                src = plane + np.uint64(oh * sh * pitch)
-                dst = row + np.uint64((b * ho + oh) * wo)
-                if kh == 2 and kw == 2:
-                    for ow in range(wo):
-                        a = src + np.uint64(ow * sw)
-                        cflat[dst + np.uint64(ow)] = max(max(cflat[a], cflat[a + one]),
-                                                         max(cflat[a + w1], cflat[a + w1 + one]))
-                    continue
-                for ow in range(wo):
-                    a = src + np.uint64(ow * sw)
-                    best = cflat[a]
-                    for i in range(kh):
-                        for j in range(kw):
-                            best = max(best, cflat[a + np.uint64(i * pitch + j)])
-                    cflat[dst + np.uint64(ow)] = best
-    for oc in prange(o):
-        _epilogue_run(c, cf, oc, n * ho * wo, bias[oc], m[oc], y_zp, lo, to_int8, relu)
-    for oc in prange(o):
-        _copy_channel(of, cflat, fflat, oc, n, o, ho * wo, ldc, 1, 0, ho * wo, to_int8)
-
-
-@kernel
 def requant_cols_t(out, c, cf, bias, m, to_int8, y_zp, lo, relu):
     """c (O, >= N) i32 (cf: the same memory as float32), row i's sums in column i -> out (N, O)
     i8 or f32 = epilogue(c.T + bias): a linear's epilogue after `gemm_cols`. Overwrites c.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pocket.infer import kernels_pool as kp
 from pocket.infer import kernels_vnni as kv
 
 needs_vnni = pytest.mark.skipif(not kv.AVAILABLE, reason="this CPU has no AVX-512 VNNI")
@@ -206,19 +207,21 @@ def test_requant_cols(to_int8, ho, wo, pitch, gap):
     assert np.array_equal(out, want)
 
 
-@pytest.mark.parametrize("k,s", [((2, 2), (2, 2)), ((3, 3), (2, 2)), ((3, 2), (1, 2))])
+@pytest.mark.parametrize("k,s", [((2, 2), (2, 2)), ((3, 3), (2, 2)), ((3, 2), (1, 2)), ((4, 3), (2, 1))])
 @pytest.mark.parametrize("gap", [0, 13])
-def test_requant_cols_pool(k, s, gap):
+@pytest.mark.parametrize("wc,pitch", [(8, 11), (40, 43), (21, 21)])
+def test_requant_cols_pool(k, s, gap, wc, pitch):
     """The pooled epilogue equals pool-after-epilogue on the sums (rows of `pitch` columns,
-    images `gap` columns apart past their rows)."""
-    n, o, hc, wc, pitch = 3, 4, 9, 8, 11
+    images `gap` columns apart past their rows); kernels_pool's vector passes where the rows
+    are 8+ sums wide (40 columns: 19-20 windows of stride 2 a row)."""
+    n, o, hc = 3, 4, 9
     istride = hc * pitch + gap
     c = RNG.integers(-(2**20), 2**20, (o, _cols(n * istride))).astype(np.int32)
     bias, m = RNG.integers(-500, 500, o).astype(np.int64), RNG.random(o) * 1e-4
     ho, wo = (hc - k[0]) // s[0] + 1, (wc - k[1]) // s[1] + 1
     out = np.zeros((n, o, ho, wo), np.int8)
     sums = c.copy()  # a 2x2 pool works in place in c
-    kv.requant_cols_pool(out, c, c.view(np.float32), hc, pitch, istride, *k, *s, bias, m, True, 5.0,
+    kp.requant_cols_pool(out, c, c.view(np.float32), hc, pitch, istride, *k, *s, bias, m, True, 5.0,
                          (-128.0, 127.0, np.inf), False)
     acc = sums[:, :n * istride].reshape(o, n, istride)[..., :hc * pitch].reshape(o, n, hc, pitch)
     acc = acc[..., :wc].transpose(1, 0, 2, 3)

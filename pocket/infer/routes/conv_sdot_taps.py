@@ -12,6 +12,7 @@ from functools import partial
 
 import numpy as np
 
+from pocket.infer import kernels_pool as kp
 from pocket.infer import kernels_sdot as ks
 from pocket.infer import kernels_smull as km
 from pocket.infer import kernels_vnni as kv
@@ -85,7 +86,7 @@ class ConvSdotTaps(Route):
                       partial(self.kern.gemm, c, wt, xp, *extra),
                       partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32), wo, p, *epi)
                       if pool is None else
-                      partial(kv.requant_cols_pool, pool[start:start + m], c, c.view(np.float32), ho, wo,
+                      partial(kp.requant_cols_pool, pool[start:start + m], c, c.view(np.float32), ho, wo,
                               p, *pool_geom, *epi)]
         return calls
 

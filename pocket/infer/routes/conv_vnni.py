@@ -9,6 +9,7 @@ from functools import partial
 
 import numpy as np
 
+from pocket.infer import kernels_pool as kp
 from pocket.infer import kernels_vnni as kv
 from pocket.infer import lowering_common as lc
 from pocket.infer.lowering_common import _aligned, _int8_consts, _tile_cols, _vnni_cols_bytes
@@ -99,6 +100,6 @@ class ConvVnni(Route):
                       partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32), d["pitch"], pix,
                               *epi)
                       if pool is None else
-                      partial(kv.requant_cols_pool, pool[start:start + m], c, c.view(np.float32), ho,
+                      partial(kp.requant_cols_pool, pool[start:start + m], c, c.view(np.float32), ho,
                               d["pitch"], pix, *pool_geom, *epi)]
         return calls

@@ -9,6 +9,7 @@ from functools import partial
 
 import numpy as np
 
+from pocket.infer import kernels_pool as kp
 from pocket.infer import kernels_vnni as kv
 from pocket.infer import lowering_common as lc
 from pocket.infer.lowering_common import _aligned, _tile_cols
@@ -96,6 +97,6 @@ class ConvVnniQuad(Route):
             calls.append(partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32), pitch, istride,
                                  *epi)
                          if pool is None else
-                         partial(kv.requant_cols_pool, pool[start:start + m], c, c.view(np.float32), d["ho"],
+                         partial(kp.requant_cols_pool, pool[start:start + m], c, c.view(np.float32), d["ho"],
                                  pitch, istride, *pool_geom, *epi))
         return calls
