@@ -130,8 +130,10 @@ def test_sdot_routes_match_reference():
 
 
 def test_smull_routes_match_reference():
-    """On 64-bit ARM without dotprod (`PI=pi4 arm64-env python -m pytest` this test, with
-    pytest and hypothesis in the root); elsewhere skipped."""
+    """On 64-bit ARM without dotprod; elsewhere skipped. Under arm64-env (qemu-user cannot
+    start the worker as a subprocess) run the worker itself: `PI=pi4 arm64-env python
+    tests/infer/route_fuzz.py --dtype i8 --examples 100 --skip-known` (hypothesis in the root),
+    and check its DONE line's kernels for SMULL_ROUTES."""
     if not kernels_smull.AVAILABLE:
         pytest.skip("not 64-bit ARM without dotprod")
     done = run_worker("i8", EXAMPLES, {}, *_skip_known())

@@ -94,8 +94,8 @@ def _with_twins(monkeypatch):
     (1, 16, 24, (7, 5), 1, False), (3, 6, 5, (6, 6), 2, False), (2, 96, 16, (4, 4), 1, False),
     (2, 24, 13, (8, 8), 1, True), (1, 7, 6, (8, 4), 2, True)])
 def test_route_with_numpy_gemms(n, c, o, hw, stride, float_out, monkeypatch):
-    """conv_smull end to end on any CPU: its operands, its choice of gemm_q (maps of whole
-    8-pixel tiles) or gemm + requant_cols, against formats/reference.py bit for bit."""
+    """conv_smull end to end on any CPU: its operands and gemm_q's epilogue (any map), against
+    formats/reference.py bit for bit."""
     from models import FakeContainer
 
     from pocket.infer.engine import Engine
@@ -153,11 +153,16 @@ def test_gemm(o, k4, mp, wmin):
 
 
 @needs_smull
-@pytest.mark.parametrize("n,o,k4,p", [(1, 5, 3, 8), (2, 17, 20, 64), (3, 4, 1, 16)])
+@pytest.mark.parametrize("n,o,k4,p", [(1, 5, 3, 8), (2, 17, 20, 64), (3, 4, 1, 16), (1, 6, 5, 13),
+                                      (3, 9, 4, 7), (2, 4, 2, 12)])
 @pytest.mark.parametrize("codes", [True, False])
 def test_gemm_q(n, o, k4, p, codes):
+    """The tiles' epilogue against kernels_int8's in NumPy: channel tails, several images, maps
+    whose 8-pixel tiles straddle two images or the last image's end (stored through a buffer),
+    the packed operand's columns past the real pixels (rounded up to 16) never stored."""
+    mp = -(-n * p // 16) * 16
     w = RNG.integers(-127, 128, (o, 4 * k4)).astype(np.int8)
-    xb = RNG.integers(-128, 128, (k4, 4 * n * p)).astype(np.int8)
+    xb = RNG.integers(-128, 128, (k4, 4 * mp)).astype(np.int8)
     badj = RNG.integers(-300000, 300000, o).astype(np.int32)
     if codes:
         m, zp = (RNG.random(o) * 2e-4).astype(np.float32), np.float32(-5)
@@ -165,10 +170,12 @@ def test_gemm_q(n, o, k4, p, codes):
     else:
         args = (badj, RNG.random(o) * 1e-5, p, np.float32(0), np.float32(6), np.float32(0))
     dt = np.int8 if codes else np.float32
-    want, got = np.zeros((n, o, p), dt), np.full((n, o, p), 99, dt)
+    want = np.zeros((n, o, p), dt)
+    got = np.full((n + 1, o, p), 99, dt)  # one image more: nothing may be written there
     _gemm_q_twin(want, w, xb.view(np.uint32), *args, 1)
-    km.gemm_q(got, w, xb.view(np.uint32), *args, 1)
-    np.testing.assert_array_equal(got, want)
+    km.gemm_q(got[:n], w, xb.view(np.uint32), *args, 1)
+    np.testing.assert_array_equal(got[:n], want)
+    assert (got[n] == 99).all()
 
 
 @needs_smull

@@ -2,8 +2,9 @@
 multiply-adds an instruction): a chunk of images packed into (C/4, columns) words of four
 channels, one tile GEMM, kernels_vnni's requantizing epilogue; or, for int8 codes out where K
 fits one pass and each image's pixels are whole tiles (kernels_sdot.fused), the tiles
-requantize in registers (gemm_q: the int32 sums are never stored). Only where the CPU has the dot
-product extension (Cortex-A76, the Pi 5); elsewhere conv_int8_blas, its portable twin."""
+requantize in registers (gemm_q: the int32 sums are never stored; kernels_smull's on any map).
+Only where the CPU has the dot product extension (Cortex-A76, the Pi 5); elsewhere
+conv_int8_blas, its portable twin."""
 
 from __future__ import annotations
 
@@ -76,6 +77,21 @@ def _float_fusable(d: dict) -> bool:
             and float(np.float32(ceil)) == ceil)
 
 
+def q_args(d: dict, k4: int, p: int, kern) -> tuple | None:
+    """kern.gemm_q's epilogue operands (badj, m, p, lo, hi, zp) where it takes the conv (see
+    kern.fused and _float_fusable), else None."""
+    if not (kern.fused(k4, p) and (d["to_int8"] or _float_fusable(d))):
+        return None
+    badj = prepared(d, "badj32", lambda: d["bias_adj"].astype(np.int32))
+    if d["to_int8"]:
+        # kernels_int8._code_clamped's operands, in float32
+        mq = prepared(d, "m32", lambda: d["m"].astype(np.float32))
+        zp = np.float32(d["y_zp"])
+        return badj, mq, p, np.float32(d["lo"][0]) - zp, np.float32(d["lo"][1]) - zp, zp
+    lo = np.float32(0 if d["relu"] else -np.inf)
+    return badj, d["m"], p, lo, np.float32(d["lo"][2]), np.float32(0)
+
+
 @register
 class ConvSdot(Route):
     name, op = "conv_sdot", "conv2d"
@@ -113,25 +129,14 @@ class ConvSdot(Route):
         w4 = d["w2"] if d["k"] % 4 == 0 else prepared(d, "w_pad", lambda: _pad_weights(d["w2"], k4))
         epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
         extra = self.gemm_extra(d["w"])
-        fused = self.kern.fused(k4, p) and (d["to_int8"] or _float_fusable(d))
-        if fused:
-            badj = prepared(d, "badj32", lambda: d["bias_adj"].astype(np.int32))
-            if d["to_int8"]:
-                # kernels_int8._code_clamped's operands, in float32
-                mq = prepared(d, "m32", lambda: d["m"].astype(np.float32))
-                zp = np.float32(d["y_zp"])
-                lo, hi = np.float32(d["lo"][0]) - zp, np.float32(d["lo"][1]) - zp
-            else:
-                mq, zp = d["m"], np.float32(0)
-                lo, hi = np.float32(0 if d["relu"] else -np.inf), np.float32(d["lo"][2])
+        q = q_args(d, k4, p, self.kern)
         calls = []
         for start in range(0, n, d["chunk"]):
             m = min(d["chunk"], n - start)
             xp, c = chunk_scratch(ctx, step, d, m)
             calls.append(partial(ks.pack_1x1, xp.view(np.int8), x[start:start + m], sh, sw))
-            if fused:
-                calls.append(partial(self.kern.gemm_q, y[start:start + m], w4, xp, badj, mq, p, lo, hi,
-                                     zp, *extra))
+            if q:
+                calls.append(partial(self.kern.gemm_q, y[start:start + m], w4, xp, *q, *extra))
                 continue
             calls += [partial(self.kern.gemm, c, w4, xp, *extra),
                       partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32),

@@ -2,9 +2,10 @@
 `dotprod`): each chunk of images packed straight from its int8 codes into the sdot operand,
 tap by tap, four channels a word (kernels_sdot.pack_taps: the im2row with its padding, no
 padded copy), the weights reordered to match once, one tile GEMM, kernels_vnni's requantizing
-epilogue, which may pool. Only where the CPU has the dot product extension (Cortex-A76, the
-Pi 5); elsewhere conv_int8_blas / conv_int8_im2row, its portable twins. 1x1 convs without
-padding take conv_sdot first (no reordering)."""
+epilogue, which may pool (kernels_pool.requant_cols_pool), or without a pool, where the kernels
+take it (their `fused`), gemm_q: the epilogue in the tiles. Only where the CPU has the dot
+product extension (Cortex-A76, the Pi 5); elsewhere conv_int8_blas / conv_int8_im2row, its
+portable twins. 1x1 convs without padding take conv_sdot first (no reordering)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pocket.infer.routes.conv_sdot import (
     ConvSmull,
     chunk_scratch,
     plan_chunks,
+    q_args,
     sdot_limit,
     smull_limit,
 )
@@ -78,12 +80,17 @@ class ConvSdotTaps(Route):
         epi = (d["bias_adj"], d["m"], d["to_int8"], d["y_zp"], d["lo"], d["relu"])
         zp = node.attrs["x_zero_point"]
         extra = self.gemm_extra(d["w"])
+        # the epilogue in the tiles where the GEMM allows it (not before a fused pool)
+        q = q_args(d, k4, p, self.kern) if pool is None else None
         calls = []
         for start in range(0, n, d["chunk"]):
             m = min(d["chunk"], n - start)
             xp, c = chunk_scratch(ctx, step, d, m)
-            calls += [partial(ks.pack_taps, xp.view(np.int8), x[start:start + m], *d["geom"], zp),
-                      partial(self.kern.gemm, c, wt, xp, *extra),
+            calls.append(partial(ks.pack_taps, xp.view(np.int8), x[start:start + m], *d["geom"], zp))
+            if q:
+                calls.append(partial(self.kern.gemm_q, y[start:start + m], wt, xp, *q, *extra))
+                continue
+            calls += [partial(self.kern.gemm, c, wt, xp, *extra),
                       partial(kv.requant_cols, y[start:start + m], c, c.view(np.float32), wo, p, *epi)
                       if pool is None else
                       partial(kp.requant_cols_pool, pool[start:start + m], c, c.view(np.float32), ho, wo,
@@ -93,7 +100,8 @@ class ConvSdotTaps(Route):
 
 @register
 class ConvSmullTaps(ConvSdotTaps):
-    """conv_sdot_taps on kernels_smull: the Pi 4's A72 (no dotprod), the same operands."""
+    """conv_sdot_taps on kernels_smull: the Pi 4's A72 (no dotprod), the same operands; gemm_q
+    on any map."""
 
     name = "conv_smull_taps"
     kern = km
