@@ -296,3 +296,72 @@ def gemm_q(out, w, xp, badj, m, p, lo, hi, zp, pairs):
                 _tile_f(wa + o0 * kb, kb, xa + p0 * 4, mp * 4, at, p * 4, npair, k4 - 2 * npair,
                         rows, ba + 4 * o0, ma + mi * o0, lo, hi, zp)
     _edge_tiles(out, w, xp, badj, m, p, lo, hi, zp, npair)
+
+
+# --------------------------------------------------------------------------- linear (GEMV)
+
+GEMV_O = 4  # outputs a pass: 4 accumulators, one 16-byte load of x shared by their rows
+
+
+@intrinsic
+def _dot4(typingctx, w, ldw, x, c, n16, rows, pairs):
+    """c[r] = w[r, :16 n16] . x[:16 n16] (int32) for r < rows (1..4): w's rows ldw bytes apart.
+    Both operands run along K, so a 16-byte load of each is 16 products, no packing: smull on
+    the low halves, smlal2 adds the high halves' (pairs: no weight is -128), sadalp."""
+    sig = types.void(*[types.intp] * 7)
+
+    def codegen(context, builder, signature, args):
+        w, ldw, x, c, n16, rows, pairs = args
+        smull, saddlp, _ = _fns(builder)
+        undef = ir.Constant(_B16, ir.Undefined)
+        w_at = [_row_at(builder, w, r, rows, ldw) for r in range(GEMV_O)]
+
+        def halves(v):
+            return [builder.shuffle_vector(v, undef, sel) for sel in (_LO, _HI)]
+
+        def step(pair: bool):
+            def body(i, accs):
+                off = builder.mul(i, _const(16))
+                xs = halves(builder.load(_ptr(builder, builder.add(x, off), _B16), align=1))
+                out = []
+                for r in range(GEMV_O):
+                    ws = halves(builder.load(_ptr(builder, builder.add(w_at[r], off), _B16), align=1))
+                    lo, hi = (builder.call(smull, [xs[h], ws[h]]) for h in (0, 1))
+                    if pair:
+                        out.append(builder.add(accs[r], builder.call(saddlp, [builder.add(lo, hi)])))
+                    else:
+                        acc = builder.add(accs[r], builder.call(saddlp, [lo]))
+                        out.append(builder.add(acc, builder.call(saddlp, [hi])))
+                return out
+            return body
+
+        on = builder.icmp_signed("!=", pairs, _const(0))
+        zero = [ir.Constant(_V4, None)] * GEMV_O
+        accs = _loop(builder, builder.select(on, n16, _const(0)), zero, step(True))
+        accs = _loop(builder, builder.select(on, _const(0), n16), accs, step(False))
+        vsum = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_V4]),
+                                              "llvm.vector.reduce.add.v4i32")
+        for r in range(GEMV_O):
+            with builder.if_then(builder.icmp_signed("<", _const(r), rows)):
+                at = builder.add(c, _const(4 * r))
+                builder.store(builder.call(vsum, [accs[r]]), _ptr(builder, at, _I32), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@kernel
+def gemv(c, x, w, pairs):
+    """x (N, K16) i8, w (O, K16) i8 (K16 % 16 == 0; zero weights past K) -> c (N, O) i32 =
+    x @ w.T (pairs: pairs_ok(w)).
+
+    NOTE: blocks of 4 outputs outermost, the rows inside: a block's weights (4 x K16 bytes)
+    stay in L1 while every row passes over them."""
+    n, kk = x.shape
+    o = w.shape[0]
+    wa, xa, ca = np.int64(w.ctypes.data), np.int64(x.ctypes.data), np.int64(c.ctypes.data)
+    for ob in prange((o + GEMV_O - 1) // GEMV_O):
+        o0 = ob * GEMV_O
+        for i in range(n):
+            _dot4(wa + o0 * kk, kk, xa + i * kk, ca + (i * o + o0) * 4, kk // 16,
+                  min(GEMV_O, o - o0), pairs)

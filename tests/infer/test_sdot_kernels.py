@@ -306,6 +306,7 @@ def test_taps_route_with_a_numpy_gemm(n, c, o, hw, geom, pool, to_f32, monkeypat
     (1, 16, 24, (7, 5), (3, 3, 1, 1, 1, 1, 1, 1), False),
     (2, 3, 8, (11, 10), (7, 7, 2, 2, 3, 3, 1, 1), False),
     (2, 8, 5, (8, 8), (3, 3, 1, 1, 1, 1, 1, 1), True),
+    (2, 8, 13, (8, 8), (3, 3, 1, 1, 1, 1, 1, 1), False),  # 64 pixels: gemm_q's epilogue (sdot too)
     (1, 64, 20, (6, 6), (3, 3, 2, 2, 1, 1, 1, 1), False)])
 def test_taps_route_against_the_reference_and_its_twin(n, c, o, hw, geom, pool, monkeypatch):
     from models import FakeContainer

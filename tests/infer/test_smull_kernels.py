@@ -1,11 +1,11 @@
-"""kernels_smull and routes conv_smull, conv_smull_taps (int8 convs on 64-bit ARM without
-dotprod: the Pi 4's Cortex-A72): the CPU gate, the routes' limits and order, both routes end to
-end on any CPU with a NumPy twin of the GEMMs in their place, and where the CPU runs them
-(`../shared/tools/arm64-env python -m pytest -p no:cacheprovider` this file, PI=pi4, with
-pytest in the root) the smull GEMMs against NumPy, with and without two products an int16
-lane, -128 weights included, and the routes against formats/reference.py and their portable
-twin conv_int8_blas, bit for bit. The packing and weight layouts are kernels_sdot's (tested in
-test_sdot_kernels)."""
+"""kernels_smull and routes conv_smull, conv_smull_taps, linear_smull (int8 convs and linears
+on 64-bit ARM without dotprod: the Pi 4's Cortex-A72): the CPU gate, the routes' limits and
+order, the routes end to end on any CPU with NumPy twins of the GEMMs in their place, and
+where the CPU runs them (`../shared/tools/arm64-env python -m pytest -p no:cacheprovider` this
+file, PI=pi4, with pytest in the root) the smull GEMMs against NumPy, with and without two
+products an int16 lane, -128 weights included, and the routes against formats/reference.py
+and their portable twins conv_int8_blas and linear_int8, bit for bit. The packing and weight
+layouts are kernels_sdot's (tested in test_sdot_kernels)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import platform
 
 import numpy as np
 import pytest
-from test_sdot_kernels import TAPS_CASES, _conv, _conv1x1, _gemm_twin  # noqa: F401
+from test_sdot_kernels import LINEAR_CASES, _conv, _conv1x1, _gemm_twin, _linear
 
 from pocket.formats import reference as ref
 from pocket.infer import kernels_sdot as ks
@@ -81,6 +81,13 @@ def _gemm_q_twin(out, w, xp, badj, m, p, lo, hi, zp, pairs):
         out.reshape(n, o, p)[:] = np.clip((acc * m[:, None]).astype(np.float32), lo, hi)
 
 
+def _gemv_twin(c, x, w, pairs):
+    """NumPy: kernels_smull.gemv, c = x @ w.T in int64, checked to fit int32."""
+    full = x.astype(np.int64) @ w.T.astype(np.int64)
+    assert np.abs(full).max(initial=0) < 2**31
+    c[:] = full
+
+
 def _with_twins(monkeypatch):
     """The engine told it runs on an A72, kernels_smull's GEMMs replaced by NumPy twins."""
     from pocket.infer import plan
@@ -88,6 +95,7 @@ def _with_twins(monkeypatch):
     monkeypatch.setattr(plan.Cpu, "host", staticmethod(lambda: A72))
     monkeypatch.setattr(km, "gemm", lambda c, w, xp, pairs: _gemm_twin(c, w, xp))
     monkeypatch.setattr(km, "gemm_q", _gemm_q_twin)
+    monkeypatch.setattr(km, "gemv", _gemv_twin)
 
 
 @pytest.mark.parametrize("n,c,o,hw,stride,float_out", [
@@ -127,6 +135,34 @@ def test_taps_route_with_a_numpy_gemm(n, c, o, hw, geom, pool, to_f32, monkeypat
     with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
         got = eng.run(x, copy=True)
         assert eng.routes()[0]["route"] == "conv_smull_taps"
+    np.testing.assert_array_equal(got, want)
+
+
+def test_the_linear_route_limits():
+    r = routes.ROUTES["linear_smull"]
+    geo = routes.base.LinearGeometry(1, 512, 1000)
+    assert r.eligible(geo, "i8", A72)
+    assert "without the dot product" in r.limits(geo, "i8", Cpu(False, False, True))
+    assert r.limits(geo, "f32", A72) == "int8 only"
+    names = [t.name for t in routes.TABLE["linear"]]
+    assert names.index("linear_sdot") < names.index("linear_smull") < names.index("linear_int8")
+
+
+@pytest.mark.parametrize("n,k,o,to_f32,lead", LINEAR_CASES)
+def test_linear_route_with_a_numpy_gemv(n, k, o, to_f32, lead, monkeypatch):
+    """linear_smull end to end on any CPU (kernels_smull.gemv as its NumPy twin): the weights
+    and rows padded to 16-byte runs (K % 16 != 0), the epilogue, against the reference."""
+    from models import FakeContainer
+
+    from pocket.infer.engine import Engine
+
+    g, params, quant, x = _linear(n, k, o, to_f32, lead)
+    want = ref.run(g, params, x, quant)["y"]
+    _with_twins(monkeypatch)
+    monkeypatch.setenv("POCKET_ROUTE", "linear_smull")
+    with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
+        got = eng.run(x, copy=True)
+        assert eng.routes()[0]["route"] == "linear_smull"
     np.testing.assert_array_equal(got, want)
 
 
@@ -204,6 +240,7 @@ def test_route_against_the_reference_and_its_twin(n, c, o, hw, stride, float_out
     (1, 16, 24, (7, 5), (3, 3, 1, 1, 1, 1, 1, 1), False),
     (2, 3, 8, (11, 10), (7, 7, 2, 2, 3, 3, 1, 1), False),
     (2, 8, 5, (8, 8), (3, 3, 1, 1, 1, 1, 1, 1), True),
+    (2, 8, 13, (8, 8), (3, 3, 1, 1, 1, 1, 1, 1), False),  # 64 pixels: gemm_q's epilogue (sdot too)
     (1, 64, 20, (6, 6), (3, 3, 2, 2, 1, 1, 1, 1), False)])
 def test_taps_route_against_the_reference_and_its_twin(n, c, o, hw, geom, pool, monkeypatch):
     from models import FakeContainer
@@ -220,3 +257,39 @@ def test_taps_route_against_the_reference_and_its_twin(n, c, o, hw, geom, pool, 
             assert eng.routes()[0]["route"] == route
     np.testing.assert_array_equal(got["conv_smull_taps"], want)
     np.testing.assert_array_equal(got["conv_smull_taps"], got["conv_int8_blas"])
+
+
+@needs_smull
+@pytest.mark.parametrize("n,o,k16", [(1, 1000, 80), (3, 5, 16), (2, 9, 48), (1, 3, 2048)])
+@pytest.mark.parametrize("wmin", [-127, -128])
+def test_gemv(n, o, k16, wmin):
+    """4 outputs a pass against an int64 NumPy product: output tails, several rows, long K;
+    pairs where the weights allow, one product an int16 lane always; extreme operands."""
+    w = RNG.integers(wmin, 128, (o, k16)).astype(np.int8)
+    w[0] = wmin
+    x = RNG.integers(-128, 128, (n, k16)).astype(np.int8)
+    x[0] = -128
+    want = x.astype(np.int64) @ w.T.astype(np.int64)
+    for pairs in {0, km.pairs_ok(w)}:
+        c = np.full((n, o), 7, np.int32)
+        km.gemv(c, x, w, pairs)
+        np.testing.assert_array_equal(c, want)
+
+
+@needs_smull
+@pytest.mark.parametrize("n,k,o,to_f32,lead", LINEAR_CASES)
+def test_linear_route_against_the_reference_and_its_twin(n, k, o, to_f32, lead, monkeypatch):
+    from models import FakeContainer
+
+    from pocket.infer.engine import Engine
+
+    g, params, quant, x = _linear(n, k, o, to_f32, lead)
+    want = ref.run(g, params, x, quant)["y"]
+    got = {}
+    for route in ("linear_smull", "linear_int8"):
+        monkeypatch.setenv("POCKET_ROUTE", route)
+        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
+            got[route] = eng.run(x, copy=True)
+            assert eng.routes()[0]["route"] == route
+    np.testing.assert_array_equal(got["linear_smull"], want)
+    np.testing.assert_array_equal(got["linear_smull"], got["linear_int8"])

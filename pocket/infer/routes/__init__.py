@@ -48,6 +48,7 @@ from pocket.infer.routes import (  # noqa: F401
     linear_int8,
     linear_rows,
     linear_sdot,
+    linear_smull,
     linear_vnni,
 )
 from pocket.infer.routes.base import ROUTES, Route, dtype_of, geometry_of
@@ -65,8 +66,8 @@ TABLE: dict[str, tuple[Route, ...]] = {op: tuple(ROUTES[r] for r in names) for o
                "conv_gemv", "conv_tile",
                "conv_pw", "conv_pointwise", "conv_gemm_pitch", "conv_tile_cols", "conv_gemm",
                "conv_im2col"),
-    "linear": ("linear_vnni", "linear_sdot", "linear_int8", "linear_fma", "linear_gemv", "linear_blas",
-               "linear_rows"),
+    "linear": ("linear_vnni", "linear_sdot", "linear_smull", "linear_int8", "linear_fma", "linear_gemv",
+               "linear_blas", "linear_rows"),
 }.items()}
 NAMES = tuple(r.name for routes in TABLE.values() for r in routes)
 
