@@ -243,8 +243,9 @@ def _advice(r: dict) -> list[str]:
         tips.append("this x86 CPU has no AVX2: every kernel runs without wide vectors; expect "
                     "several times the latency of a recent CPU")
     if cpu["arch"] in ("aarch64", "arm64") and cpu["known"] and not cpu["features"].get("asimddp"):
-        tips.append("no ARM dot-product instructions (asimddp): int8 is not much faster than fp32 "
-                    "here; try both with pocket infer MODEL --bench 100")
+        tips.append("no ARM dot-product instructions (asimddp): int8 runs on widening multiplies "
+                    "(smull), only somewhat faster than fp32 here; try both with pocket infer MODEL "
+                    "--bench 100")
     if cpu["features"].get("avx512_vnni") and eng["int8_route"] != "vnni":
         tips.append("the CPU has AVX-512 VNNI but the int8 kernels are off "
                     "(POCKET_INT8_VNNI=0 or NUMBA_CPU_NAME set): unset it for faster int8")
