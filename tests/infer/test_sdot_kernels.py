@@ -126,6 +126,24 @@ def test_fused_where():
     assert not ks.fused(ks.BLOCK_K4 + 1, 64) and not ks.fused(4, 49)
 
 
+def against_twin(route: str, twin: str, g, params, quant, x, n: int, monkeypatch, out: str = "y"):
+    """The forced route's output bit for bit against formats/reference.py and its portable
+    twin's (each forced by POCKET_ROUTE in an engine of max_batch n)."""
+    from models import FakeContainer
+
+    from pocket.infer.engine import Engine
+
+    want = ref.run(g, params, x, quant)[out]
+    got = {}
+    for r in (route, twin):
+        monkeypatch.setenv("POCKET_ROUTE", r)
+        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
+            got[r] = eng.run(x, copy=True)
+            assert eng.routes()[0]["route"] == r
+    np.testing.assert_array_equal(got[route], want)
+    np.testing.assert_array_equal(got[route], got[twin])
+
+
 def _conv1x1(n, c, o, hw, stride, float_out=False):
     xs, w_s_in = 0.05, RNG.standard_normal((o, c, 1, 1)).astype(np.float32)
     w_q, w_s = qm.quantize_weights(w_s_in)
@@ -309,20 +327,8 @@ def test_taps_route_with_a_numpy_gemm(n, c, o, hw, geom, pool, to_f32, monkeypat
     (2, 8, 13, (8, 8), (3, 3, 1, 1, 1, 1, 1, 1), False),  # 64 pixels: gemm_q's epilogue (sdot too)
     (1, 64, 20, (6, 6), (3, 3, 2, 2, 1, 1, 1, 1), False)])
 def test_taps_route_against_the_reference_and_its_twin(n, c, o, hw, geom, pool, monkeypatch):
-    from models import FakeContainer
-
-    from pocket.infer.engine import Engine
-
     g, params, quant, x, out = _conv(n, c, o, hw, geom, pool)
-    want = ref.run(g, params, x, quant)[out]
-    got = {}
-    for route in ("conv_sdot_taps", "conv_int8_blas"):
-        monkeypatch.setenv("POCKET_ROUTE", route)
-        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
-            got[route] = eng.run(x, copy=True)
-            assert eng.routes()[0]["route"] == route
-    np.testing.assert_array_equal(got["conv_sdot_taps"], want)
-    np.testing.assert_array_equal(got["conv_sdot_taps"], got["conv_int8_blas"])
+    against_twin("conv_sdot_taps", "conv_int8_blas", g, params, quant, x, n, monkeypatch, out)
 
 
 # --------------------------------------------------------------------------- linear_sdot
@@ -382,17 +388,4 @@ def test_linear_route_with_a_numpy_gemm(n, k, o, to_f32, lead, monkeypatch):
 @needs_sdot
 @pytest.mark.parametrize("n,k,o,to_f32,lead", LINEAR_CASES)
 def test_linear_route_against_the_reference_and_its_twin(n, k, o, to_f32, lead, monkeypatch):
-    from models import FakeContainer
-
-    from pocket.infer.engine import Engine
-
-    g, params, quant, x = _linear(n, k, o, to_f32, lead)
-    want = ref.run(g, params, x, quant)["y"]
-    got = {}
-    for route in ("linear_sdot", "linear_int8"):
-        monkeypatch.setenv("POCKET_ROUTE", route)
-        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
-            got[route] = eng.run(x, copy=True)
-            assert eng.routes()[0]["route"] == route
-    np.testing.assert_array_equal(got["linear_sdot"], want)
-    np.testing.assert_array_equal(got["linear_sdot"], got["linear_int8"])
+    against_twin("linear_sdot", "linear_int8", *_linear(n, k, o, to_f32, lead), n, monkeypatch)

@@ -13,7 +13,7 @@ import platform
 
 import numpy as np
 import pytest
-from test_sdot_kernels import LINEAR_CASES, _conv, _conv1x1, _gemm_twin, _linear
+from test_sdot_kernels import LINEAR_CASES, _conv, _conv1x1, _gemm_twin, _linear, against_twin
 
 from pocket.formats import reference as ref
 from pocket.infer import kernels_sdot as ks
@@ -219,20 +219,8 @@ def test_gemm_q(n, o, k4, p, codes):
     (1, 16, 24, (7, 5), 1, False), (3, 6, 5, (6, 6), 2, False), (2, 96, 16, (4, 4), 1, False),
     (2, 24, 13, (8, 8), 1, True)])
 def test_route_against_the_reference_and_its_twin(n, c, o, hw, stride, float_out, monkeypatch):
-    from models import FakeContainer
-
-    from pocket.infer.engine import Engine
-
     g, params, quant, x = _conv1x1(n, c, o, hw, stride, float_out)
-    want = ref.run(g, params, x, quant)["y"]
-    got = {}
-    for route in ("conv_smull", "conv_int8_blas"):
-        monkeypatch.setenv("POCKET_ROUTE", route)
-        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
-            got[route] = eng.run(x, copy=True)
-            assert eng.routes()[0]["route"] == route
-    np.testing.assert_array_equal(got["conv_smull"], want)
-    np.testing.assert_array_equal(got["conv_smull"], got["conv_int8_blas"])
+    against_twin("conv_smull", "conv_int8_blas", g, params, quant, x, n, monkeypatch)
 
 
 @needs_smull
@@ -243,20 +231,8 @@ def test_route_against_the_reference_and_its_twin(n, c, o, hw, stride, float_out
     (2, 8, 13, (8, 8), (3, 3, 1, 1, 1, 1, 1, 1), False),  # 64 pixels: gemm_q's epilogue (sdot too)
     (1, 64, 20, (6, 6), (3, 3, 2, 2, 1, 1, 1, 1), False)])
 def test_taps_route_against_the_reference_and_its_twin(n, c, o, hw, geom, pool, monkeypatch):
-    from models import FakeContainer
-
-    from pocket.infer.engine import Engine
-
     g, params, quant, x, out = _conv(n, c, o, hw, geom, pool)
-    want = ref.run(g, params, x, quant)[out]
-    got = {}
-    for route in ("conv_smull_taps", "conv_int8_blas"):
-        monkeypatch.setenv("POCKET_ROUTE", route)
-        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
-            got[route] = eng.run(x, copy=True)
-            assert eng.routes()[0]["route"] == route
-    np.testing.assert_array_equal(got["conv_smull_taps"], want)
-    np.testing.assert_array_equal(got["conv_smull_taps"], got["conv_int8_blas"])
+    against_twin("conv_smull_taps", "conv_int8_blas", g, params, quant, x, n, monkeypatch, out)
 
 
 @needs_smull
@@ -279,17 +255,4 @@ def test_gemv(n, o, k16, wmin):
 @needs_smull
 @pytest.mark.parametrize("n,k,o,to_f32,lead", LINEAR_CASES)
 def test_linear_route_against_the_reference_and_its_twin(n, k, o, to_f32, lead, monkeypatch):
-    from models import FakeContainer
-
-    from pocket.infer.engine import Engine
-
-    g, params, quant, x = _linear(n, k, o, to_f32, lead)
-    want = ref.run(g, params, x, quant)["y"]
-    got = {}
-    for route in ("linear_smull", "linear_int8"):
-        monkeypatch.setenv("POCKET_ROUTE", route)
-        with Engine(FakeContainer(g, params, quant), max_batch=n) as eng:
-            got[route] = eng.run(x, copy=True)
-            assert eng.routes()[0]["route"] == route
-    np.testing.assert_array_equal(got["linear_smull"], want)
-    np.testing.assert_array_equal(got["linear_smull"], got["linear_int8"])
+    against_twin("linear_smull", "linear_int8", *_linear(n, k, o, to_f32, lead), n, monkeypatch)
