@@ -276,29 +276,77 @@ _tile_q, _tile_f = _make_tile_q(True), _make_tile_q(False)
 
 
 def fused(k4: int, p: int) -> bool:
-    """Whether gemm_q takes a 1x1 conv: K in one block and whole 16-pixel tiles an image."""
-    return k4 <= BLOCK_K4 and p % TILE_P == 0
+    """Whether gemm_q takes a conv: K in one block (any map: tiles across an image's end are
+    stored through a small buffer, _edge_tiles)."""
+    return k4 <= BLOCK_K4
+
+
+@njit(cache=True, inline="always")
+def _q_call(item, w, ldw, xp, ldx, dst, ldo, n4, rows, badj, m, lo, hi, zp):
+    if item == 1:
+        _tile_q(w, ldw, xp, ldx, dst, ldo, n4, rows, badj, m, lo, hi, zp)
+    else:
+        _tile_f(w, ldw, xp, ldx, dst, ldo, n4, rows, badj, m, lo, hi, zp)
+
+
+# NOTE: not inlined into gemm_q (as kernels_smull's: a second inlined copy of the tiles there
+# changed the whole tiles' code)
+@njit(cache=True)
+def _edge_tiles(out, w, xp, badj, m, p, lo, hi, zp):
+    """gemm_q's tiles across an image's end (or the last image's), serially (a few a channel
+    block), through one buffer, then copied pixel by pixel."""
+    o, kb = w.shape
+    k4, mp = xp.shape
+    cols = out.shape[0] * p
+    wa, xa = np.int64(w.ctypes.data), np.int64(xp.ctypes.data)
+    ba, ma = np.int64(badj.ctypes.data), np.int64(m.ctypes.data)
+    item, mi = out.itemsize, m.itemsize
+    of = out.reshape(-1)
+    n_b, per_b = _split(o, mp // TILE_P)
+    tmp = np.empty((TILE_O, TILE_P), out.dtype)
+    ta = np.int64(tmp.ctypes.data)
+    last = -1
+    for b in range(1, out.shape[0] + 1):
+        pt = b * p // TILE_P  # the tile holding image b's first pixel (or the end)
+        if b * p % TILE_P == 0 or pt == last:
+            continue  # no tile across this end, or one done already (maps under 16 pixels)
+        last = pt
+        p0 = pt * TILE_P
+        for ob in range(0, o, per_b):
+            o_end = min(o, ob + per_b)
+            for o0 in range(ob, o_end, TILE_O):
+                rows = min(TILE_O, o_end - o0)
+                _q_call(item, wa + o0 * kb, kb, xa + p0 * 4, mp * 4, ta, TILE_P * item, k4, rows,
+                        ba + 4 * o0, ma + mi * o0, lo, hi, zp)
+                for j in range(min(TILE_P, cols - p0)):
+                    bb = (p0 + j) // p
+                    base = (bb * o + o0) * p + p0 + j - bb * p
+                    for r in range(rows):
+                        of[base + r * p] = tmp[r, j]
 
 
 @kernel
 def gemm_q(out, w, xp, badj, m, p, lo, hi, zp):
     """gemm with kernels_int8's epilogue in the tiles: out (M, O, P) of w (O, 4*K4) @ xp (K4,
-    M*P) (`fused`: K4 <= BLOCK_K4, P % 16 == 0, so a tile's 16 pixels lie in one image's
-    plane); badj (O,) int32 = b_q - x_zp * wsum. int8 out: int8 codes, m (O,) float32 and lo /
-    hi the codes' bounds less zp, as kernels_int8._code_clamped; float32 out: m (O,) float64 the
-    real scales and [lo, hi] the values' clamp. Replaces gemm + kernels_vnni.requant_cols: the
-    int32 sums never leave the registers."""
+    Mp) (`fused`: K4 <= BLOCK_K4; tiles whose 16 pixels are not all in one image, or run past
+    the last, go through _edge_tiles); badj (O,) int32 = b_q - x_zp * wsum. int8 out: int8
+    codes, m (O,) float32 and lo / hi the codes' bounds less zp, as kernels_int8._code_clamped;
+    float32 out: m (O,) float64 the real scales and [lo, hi] the values' clamp. Replaces gemm +
+    kernels_vnni.requant_cols: the int32 sums never leave the registers."""
     o, kb = w.shape
     k4, mp = xp.shape
     wa, xa, oa = np.int64(w.ctypes.data), np.int64(xp.ctypes.data), np.int64(out.ctypes.data)
     ba, ma = np.int64(badj.ctypes.data), np.int64(m.ctypes.data)
     item, mi = out.itemsize, m.itemsize
+    cols = out.shape[0] * p  # the real pixels; mp rounds them up to whole tiles
     n_p = mp // TILE_P
     n_b, per_b = _split(o, n_p)
     for t in prange(n_p * n_b):
         pt, ob = t // n_b, (t % n_b) * per_b
         p0, o_end = pt * TILE_P, min(o, ob + per_b)
         b = p0 // p
+        if p0 + TILE_P > min(cols, (b + 1) * p):  # past the last image, or across an image's end
+            continue
         for o0 in range(ob, o_end, TILE_O):
             at = oa + ((b * o + o0) * p + p0 - b * p) * item
             rows = min(TILE_O, o_end - o0)
@@ -308,6 +356,7 @@ def gemm_q(out, w, xp, badj, m, p, lo, hi, zp):
             else:
                 _tile_f(wa + o0 * kb, kb, xa + p0 * 4, mp * 4, at, p * 4, k4, rows, ba + 4 * o0,
                         ma + mi * o0, lo, hi, zp)
+    _edge_tiles(out, w, xp, badj, m, p, lo, hi, zp)
 
 
 @njit(cache=True, inline="always")

@@ -95,35 +95,36 @@ def test_gemm(o, k4, mp):
 
 
 @needs_sdot
-@pytest.mark.parametrize("n,o,k4,p", [(1, 5, 3, 16), (2, 17, 20, 64), (3, 4, 1, 32)])
+@pytest.mark.parametrize("n,o,k4,p", [(1, 5, 3, 16), (2, 17, 20, 64), (3, 4, 1, 32), (1, 6, 5, 13),
+                                      (3, 9, 4, 7), (2, 4, 2, 24)])
 @pytest.mark.parametrize("codes", [True, False])
 def test_gemm_q(n, o, k4, p, codes):
-    """The tiles' requantizing epilogue against an int64 NumPy product and kernels_int8's
-    epilogue in NumPy (codes: float32 product, clamp, rint, + zp; values: the float64 product
-    rounded to float32, a ReLU6): channel tails, several images, extreme sums."""
+    """The tiles' requantizing epilogue against kernels_int8's in NumPy (gemm_q_twin): channel
+    tails, several images, extreme sums, maps whose 16-pixel tiles straddle two images or the
+    last image's end (through _edge_tiles' buffer); nothing written past the n images."""
+    mp = -(-n * p // 16) * 16
     w = RNG.integers(-128, 128, (o, 4 * k4)).astype(np.int8)
     w[0] = -128
-    xb = RNG.integers(-128, 128, (k4, 4 * n * p)).astype(np.int8)
+    xb = RNG.integers(-128, 128, (k4, 4 * mp)).astype(np.int8)
     badj = RNG.integers(-300000, 300000, o).astype(np.int32)
-    acc = w.astype(np.int64) @ xb.reshape(k4, n * p, 4).transpose(0, 2, 1).reshape(4 * k4, n * p)
-    acc = (acc + badj[:, None]).reshape(o, n, p).transpose(1, 0, 2)
-    out = np.full((n, o, p), 99 if codes else np.nan, np.int8 if codes else np.float32)
     if codes:
         m, zp = (RNG.random(o) * 2e-4).astype(np.float32), np.float32(-5)
-        v = np.clip(acc.astype(np.float32) * m[:, None], np.float32(-128) - zp, np.float32(127) - zp)
-        want = (np.rint(v) + zp).astype(np.int8)
-        ks.gemm_q(out, w, xb.view(np.uint32), badj, m, p, np.float32(-128) - zp, np.float32(127) - zp, zp)
+        args = (badj, m, p, np.float32(-128) - zp, np.float32(127) - zp, zp)
     else:
-        m = RNG.random(o) * 1e-5
-        want = np.clip((acc * m[:, None]).astype(np.float32), 0, 6)
-        ks.gemm_q(out, w, xb.view(np.uint32), badj, m, p, np.float32(0), np.float32(6), np.float32(0))
-    np.testing.assert_array_equal(out, want)
+        args = (badj, RNG.random(o) * 1e-5, p, np.float32(0), np.float32(6), np.float32(0))
+    dt = np.int8 if codes else np.float32
+    want = np.zeros((n, o, p), dt)
+    got = np.full((n + 1, o, p), 99, dt)
+    gemm_q_twin(want, w, xb.view(np.uint32), *args)
+    ks.gemm_q(got[:n], w, xb.view(np.uint32), *args)
+    np.testing.assert_array_equal(got[:n], want)
+    assert (got[n] == 99).all()
 
 
 def test_fused_where():
-    """gemm_q takes whole 16-pixel tiles an image and K in one pass only."""
-    assert ks.fused(ks.BLOCK_K4, 64) and ks.fused(1, 16)
-    assert not ks.fused(ks.BLOCK_K4 + 1, 64) and not ks.fused(4, 49)
+    """gemm_q takes K in one pass only, any map."""
+    assert ks.fused(ks.BLOCK_K4, 64) and ks.fused(1, 16) and ks.fused(4, 49)
+    assert not ks.fused(ks.BLOCK_K4 + 1, 64)
 
 
 def against_twin(route: str, twin: str, g, params, quant, x, n: int, monkeypatch, out: str = "y"):
@@ -165,8 +166,9 @@ def _conv1x1(n, c, o, hw, stride, float_out=False):
     (1, 16, 24, (7, 5), 1, False), (3, 6, 5, (6, 6), 2, False), (2, 96, 16, (4, 4), 1, False),
     (2, 24, 13, (8, 8), 1, True), (1, 7, 6, (8, 4), 2, True)])
 def test_route_against_the_reference_and_its_twin(n, c, o, hw, stride, float_out, monkeypatch):
-    """conv_sdot bit for bit with the reference and conv_int8_blas; maps of whole 16-pixel tiles
-    take gemm_q (the epilogue in the tiles), int8 codes or float32 values out."""
+    """conv_sdot bit for bit with the reference and conv_int8_blas; every map takes gemm_q (the
+    epilogue in the tiles; 35- and 9-pixel maps through its edge tiles), int8 codes or float32
+    values out."""
     from models import FakeContainer
 
     from pocket.infer.engine import Engine
@@ -181,8 +183,7 @@ def test_route_against_the_reference_and_its_twin(n, c, o, hw, stride, float_out
             assert eng.routes()[0]["route"] == route
             if route == "conv_sdot":
                 names = [c.func.__name__.removesuffix("_serial") for c in eng._bound[n].calls]
-                p = ((hw[0] - 1) // stride + 1) * ((hw[1] - 1) // stride + 1)
-                assert ("gemm_q" in names) == (p % 16 == 0), names
+                assert "gemm_q" in names, names
     np.testing.assert_array_equal(got["conv_sdot"], want)
     np.testing.assert_array_equal(got["conv_sdot"], got["conv_int8_blas"])
 
@@ -280,6 +281,22 @@ def _conv(n, c, o, hw, geom, pool=False, to_f32=False):
     return g, params, quant, x, out
 
 
+def gemm_q_twin(out, w, xp, badj, m, p, lo, hi, zp, pairs=1):
+    """NumPy: kernels_sdot.gemm_q / kernels_smull.gemm_q (kernels_int8's epilogue on the exact
+    sums: codes as float32 product, clamp, rint, + zp; values as the float64 product rounded
+    to float32, clamped)."""
+    o = w.shape[0]
+    c = np.empty((o, xp.shape[1]), np.int64)
+    _gemm_twin(c, w, xp)
+    n = out.shape[0]
+    acc = (c[:, :n * p] + badj[:, None]).reshape(o, n, p).transpose(1, 0, 2)
+    if out.dtype == np.int8:
+        v = np.clip(acc.astype(np.float32) * m[:, None], lo, hi)
+        out.reshape(n, o, p)[:] = (np.rint(v) + zp).astype(np.int8)
+    else:
+        out.reshape(n, o, p)[:] = np.clip((acc * m[:, None]).astype(np.float32), lo, hi)
+
+
 def _gemm_twin(c, w, xp):
     """NumPy: kernels_sdot.gemm's product, int64 then checked to fit int32 (as the sdot sums)."""
     k4, mp = xp.shape
@@ -310,6 +327,7 @@ def test_taps_route_with_a_numpy_gemm(n, c, o, hw, geom, pool, to_f32, monkeypat
     want = ref.run(g, params, x, quant)[out]
     monkeypatch.setattr(plan.Cpu, "host", staticmethod(lambda: Cpu(False, False, True)))
     monkeypatch.setattr(ks, "gemm", _gemm_twin)
+    monkeypatch.setattr(ks, "gemm_q", gemm_q_twin)
     if n > 2:  # one image a chunk: the chunks' scratch and output slices
         monkeypatch.setattr(lc, "VNNI_SCRATCH_BYTES", 1)
     monkeypatch.setenv("POCKET_ROUTE", "conv_sdot_taps")

@@ -13,7 +13,7 @@ import platform
 
 import numpy as np
 import pytest
-from test_sdot_kernels import LINEAR_CASES, _conv, _conv1x1, _gemm_twin, _linear, against_twin
+from test_sdot_kernels import LINEAR_CASES, _conv, _conv1x1, _gemm_twin, _linear, against_twin, gemm_q_twin
 
 from pocket.formats import reference as ref
 from pocket.infer import kernels_sdot as ks
@@ -67,20 +67,6 @@ def test_the_route_limits():
     assert names.index("conv_smull_taps") < names.index("conv_int8_blas")
 
 
-def _gemm_q_twin(out, w, xp, badj, m, p, lo, hi, zp, pairs):
-    """NumPy: kernels_smull.gemm_q (kernels_int8's epilogue on the exact sums)."""
-    o = w.shape[0]
-    c = np.empty((o, xp.shape[1]), np.int64)
-    _gemm_twin(c, w, xp)
-    n = out.shape[0]
-    acc = (c[:, :n * p] + badj[:, None]).reshape(o, n, p).transpose(1, 0, 2)
-    if out.dtype == np.int8:
-        v = np.clip(acc.astype(np.float32) * m[:, None], lo, hi)
-        out.reshape(n, o, p)[:] = (np.rint(v) + zp).astype(np.int8)
-    else:
-        out.reshape(n, o, p)[:] = np.clip((acc * m[:, None]).astype(np.float32), lo, hi)
-
-
 def _gemv_twin(c, x, w, pairs):
     """NumPy: kernels_smull.gemv, c = x @ w.T in int64, checked to fit int32."""
     full = x.astype(np.int64) @ w.T.astype(np.int64)
@@ -94,7 +80,7 @@ def _with_twins(monkeypatch):
 
     monkeypatch.setattr(plan.Cpu, "host", staticmethod(lambda: A72))
     monkeypatch.setattr(km, "gemm", lambda c, w, xp, pairs: _gemm_twin(c, w, xp))
-    monkeypatch.setattr(km, "gemm_q", _gemm_q_twin)
+    monkeypatch.setattr(km, "gemm_q", gemm_q_twin)
     monkeypatch.setattr(km, "gemv", _gemv_twin)
 
 
@@ -208,7 +194,7 @@ def test_gemm_q(n, o, k4, p, codes):
     dt = np.int8 if codes else np.float32
     want = np.zeros((n, o, p), dt)
     got = np.full((n + 1, o, p), 99, dt)  # one image more: nothing may be written there
-    _gemm_q_twin(want, w, xb.view(np.uint32), *args, 1)
+    gemm_q_twin(want, w, xb.view(np.uint32), *args, 1)
     km.gemm_q(got[:n], w, xb.view(np.uint32), *args, 1)
     np.testing.assert_array_equal(got[:n], want)
     assert (got[n] == 99).all()
