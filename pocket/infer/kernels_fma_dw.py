@@ -51,7 +51,11 @@ ODD = ir.Constant(_VI, list(range(1, 32, 2)))
 # output's sum in two chains (its even and odd tap columns), so 2R chains of FMAs are in flight
 # (4-cycle latency, two units: one pair of chains of 25 taps left a 5x5 layer on 7x7 maps
 # waiting on them, 2x slower than kernels_dw's flat loop)
-R_S1, R_S2 = 4, 2
+# (stride 2: 2 -> 4 rows, the rows' loads and even/odd shuffles shared by more outputs: one
+# thread, inputs from L3, 3x3/2 16 x 112 x 112 ReLU 35 -> 30 us, 96 x 112 x 112 SiLU 326 ->
+# 264, 240 x 28 x 28 SiLU 66 -> 51, 576 x 14 x 14 hardswish 70 -> 50; int8 (dw_conv_fma_q)
+# 96 x 112 x 112 248 -> 212, 144 x 56 x 56 95 -> 84; 3 rows: within a few % of 4)
+R_S1, R_S2 = 4, 4
 
 
 def _make_rows(k: int, s: int, q: bool = False):
