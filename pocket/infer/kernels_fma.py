@@ -359,7 +359,9 @@ def _make_dot(ahead: int = 0):
     from memory the hardware prefetchers did not keep up: one thread, Zen 4, weights cycling
     through 30 MB, 1000 x 1024 147 -> 60 us, 1024 x 576 55 -> 35, 1000 x 1280 223 -> 68 (512
     bytes ahead; 256 to 2048 within a few us of it, except 1000 x 1280: 95 at 256, 88 at
-    2048); from L3 (weights of one layer, 1-16 MB of other data between calls) within +-5%.
+    2048); from L3 (weights of one layer, 1-16 MB of other data between calls) within +-5%,
+    but on weights that fit L2 the prefetches cost up to 6% (576 x 144: 4.6 -> 4.9 us), so
+    gemv prefetches only weights of STREAM_W_BYTES or more.
     """
 
     @intrinsic
@@ -414,7 +416,7 @@ def _make_dot(ahead: int = 0):
     return dot
 
 
-_dot = _make_dot(ahead=512)
+_dot, _dot_ahead = _make_dot(), _make_dot(ahead=512)
 
 
 def _make_pool2():
@@ -485,10 +487,15 @@ def gemv(y, x, w, b, epi):
     xa, wa, ya = np.int64(x.ctypes.data), np.int64(w.ctypes.data), np.int64(y.ctypes.data)
     ba, relu = np.int64(b.ctypes.data) if epi != 0 else np.int64(0), np.int64(epi == 2)
     n_o = (o + TILE_O - 1) // TILE_O
+    stream = o * k * 4 >= STREAM_W_BYTES  # (see _make_dot's ahead)
     for t in prange(n * n_o):
         i, o0 = t // n_o, (t % n_o) * TILE_O
-        _dot(xa + i * k * 4, wa + o0 * k * 4, k * 4, ya + (i * o + o0) * 4, k, min(TILE_O, o - o0),
-             ba + o0 * 4 if epi != 0 else ba, relu)
+        xi, wi, yi, rows = xa + i * k * 4, wa + o0 * k * 4, ya + (i * o + o0) * 4, min(TILE_O, o - o0)
+        bi = ba + o0 * 4 if epi != 0 else ba
+        if stream:
+            _dot_ahead(xi, wi, k * 4, yi, k, rows, bi, relu)
+        else:
+            _dot(xi, wi, k * 4, yi, k, rows, bi, relu)
 
 
 def tile_cols(m: int) -> int:

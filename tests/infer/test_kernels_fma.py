@@ -256,10 +256,11 @@ def test_gemm_pitch_offsets_are_a_convolution(c_in, h, w, kh, kw, dh, dw):
 @needs_fma
 @pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize("n,k,o", [(1, 1, 1), (1, 16, 8), (2, 17, 9), (3, 15, 7), (1, 3136, 128),
-                                   (5, 300, 37)])
+                                   (5, 300, 37), (2, 1041, 259)])
 def test_gemv_tails(n, k, o, serial):
     """The dot-product kernel: every output tail (o % 8) and K tail (k % 16, a masked load that
-    must read as zeros: the arrays sit inside NaN-filled buffers)."""
+    must read as zeros: the arrays sit inside NaN-filled buffers); weights of STREAM_W_BYTES or
+    more take the prefetching twin (3136 x 128, 1041 x 259 with both tails)."""
     xb = np.full(n * k + 64, np.nan, np.float32)
     wb = np.full(o * k + 64, np.nan, np.float32)
     x, w = xb[:n * k].reshape(n, k), wb[:o * k].reshape(o, k)
