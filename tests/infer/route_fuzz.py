@@ -89,8 +89,11 @@ def _conv_strategy(st, draw, dtype: str, wino: bool, pitch: bool = False) -> dic
         p = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
         h, w = draw(st.integers(6, 20)), draw(st.integers(6, 20))
     else:
-        shape = draw(st.sampled_from(["dense", "dense", "dense", "depthwise", "grouped", "wide"]))
-        if shape == "wide":  # enough channels for the pitch, quad and wide-tile routes
+        shape = draw(st.sampled_from(["dense", "dense", "dense", "depthwise", "grouped", "wide",
+                                      "dw_square"]))
+        if shape == "dw_square":  # AVX-512's depthwise kernels: rows, flat planes, 16-channel groups
+            c = o = g = draw(st.sampled_from([1, 3, 16, 21]))
+        elif shape == "wide":  # enough channels for the pitch, quad and wide-tile routes
             c, o, g = draw(st.sampled_from([4, 16, 32, 40])), draw(st.sampled_from([6, 16, 17, 33])), 1
         elif shape == "dense":
             c, o, g = draw(st.integers(1, 9)), draw(st.integers(1, 13)), 1
@@ -104,6 +107,11 @@ def _conv_strategy(st, draw, dtype: str, wino: bool, pitch: bool = False) -> dic
         d = (draw(st.sampled_from([1, 1, 2, 3])), draw(st.sampled_from([1, 1, 2, 3])))
         if not pitch and draw(st.sampled_from([True, False, False, False])):
             s, d = (2, 2), (1, 1)  # the stride-2 convs' own route (conv_fma_phase)
+        if shape == "dw_square":  # (a 3x3 or 5x5 square at stride 1 or 2 both ways: the
+            # random kernels and strides above drew it in about one case of 400)
+            q = draw(st.sampled_from([3, 5]))
+            k, d = (q, q), (1, 1)
+            s = (1, 1) if pitch else (draw(st.sampled_from([1, 2])),) * 2
         # the pointwise routes' geometry (conv_pw, conv_pw_int8, conv_fma_1x1, conv_pointwise)
         pointwise = g == 1 and draw(st.sampled_from([True, False, False, False]))
         if pointwise:
@@ -113,6 +121,8 @@ def _conv_strategy(st, draw, dtype: str, wino: bool, pitch: bool = False) -> dic
         p = (0, 0) if pointwise else tuple(draw(st.sampled_from(sorted(
             {0, 1, r // 2, r, r + 1, r + 2, r + 3} - ({r + 1, r + 2, r + 3} if pitch else set()))))
             for r in reach)
+        if shape == "dw_square" and draw(st.booleans()):
+            p = (k[0] // 2,) * 2  # "same" padding: small planes at stride 1 take dw_conv_fma_flat
         lo = [max(1, reach[i] + 1 - 2 * p[i]) for i in range(2)]
         h, w = draw(st.integers(lo[0], lo[0] + 11)), draw(st.integers(lo[1], lo[1] + 11))
         if pointwise and draw(st.sampled_from([True, False, False])):

@@ -295,7 +295,7 @@ def test_dw_conv_padded_int8_exact(name, sums):
 # --------------------------------------------------------------------------- AVX-512 rows
 
 # the padded-plane cases, and rows of several 16-output chunks, heights that leave a partial
-# block of rows (4 a call at stride 1, 2 at stride 2), padding past the reach
+# block of rows (kernels_fma_dw.R_S1, R_S2: 4 a call), padding past the reach
 FMA_DW = PADDED + ["wide-s1-ho5", "wide-s2-ho3", "5x5-s2-wide", "3x3-s1-pad2"]
 CASES_FMA = {**CASES_PADDED, "wide-s1-ho5": (1, 3, 5, 70, (3, 3), (1, 1), (1, 1), (1, 1)),
              "wide-s2-ho3": (2, 2, 6, 67, (3, 3), (2, 2), (1, 1), (1, 1)),

@@ -84,7 +84,7 @@ PORTABLE_ROUTES = {
     "i8": {"conv_int8_blas", "conv_pw_int8", "conv_int8_im2row", "linear_int8", "conv_tile_q",
            "conv_tile_q_cols"}}
 NATIVE_ROUTES["f32"] = PORTABLE_ROUTES["f32"] | {"conv_fma_1x1", "conv_fma_pitch", "conv_fma_cols",
-                                                 "conv_fma_phase",
+                                                 "conv_fma_phase", "conv_fma_depthwise",
                                                  "conv_winograd_fused", "linear_fma", "linear_gemv"}
 NATIVE_ROUTES["i8"] = PORTABLE_ROUTES["i8"] | {"conv_vnni", "conv_vnni_quad", "linear_vnni"}
 # ARM dotprod (the Pi 5): the int8 sdot routes ahead of the portable ones
@@ -93,7 +93,7 @@ SDOT_ROUTES = PORTABLE_ROUTES["i8"] | {"conv_sdot", "conv_sdot_taps", "linear_sd
 SMULL_ROUTES = PORTABLE_ROUTES["i8"] | {"conv_smull", "conv_smull_taps"}
 KERNELS = {"f32": {"maxpool_sep", "avgpool2d", "global_avgpool", "bias_act_pool"}, "i8": {"maxpool_sep"}}
 NATIVE_KERNELS = {"f32": {"gemm_pool2_pitch", "gemm_pool2_padded", "gemm_rows", "bias_act_sum",
-                          "maxpool_fma"},
+                          "maxpool_fma", "dw_conv_fma", "dw_conv_fma_flat", "dw_conv_fma_cv"},
                   "i8": {"requant_cols_pool", "requant_cols_pack", "pack_quad_cols", "gemm_quad"}}
 
 
@@ -111,10 +111,11 @@ def _skip_known() -> tuple[str, ...]:
 def test_native_routes_match_reference(dtype):
     if not (kernels_fma.AVAILABLE if dtype == "f32" else kernels_vnni.AVAILABLE):
         pytest.skip("this CPU has no AVX-512" + (" VNNI" if dtype == "i8" else ""))
-    # NOTE: both at the old 210 cases: at 100 no int8 case reached the chained linears'
-    # requant_cols_pack (150 neither), no fp32 one the fused pool of gemm_pool2_pitch (an
-    # AVX-512 host; the worker's 210 fp32 cases take ~30 s)
-    done = run_worker(dtype, EXAMPLES * 21 // 10, {}, *_skip_known())
+    # NOTE: int8 at the old 210 cases: at 100 no int8 case reached the chained linears'
+    # requant_cols_pack (150 neither). fp32 at 300 since the AVX-512 depthwise geometries
+    # joined the draws (route_fuzz's dw_square): at 210 and 250 no case reached the fused
+    # pool of gemm_pool2_pitch (an AVX-512 host; 300 warm cases take ~7 s)
+    done = run_worker(dtype, EXAMPLES * 3 if dtype == "f32" else EXAMPLES * 21 // 10, {}, *_skip_known())
     missing = _missing(done, NATIVE_ROUTES[dtype], KERNELS[dtype] | NATIVE_KERNELS[dtype])
     assert not missing, f"the fuzz cases never reached {missing}: {done}"
 
